@@ -1,0 +1,1 @@
+"""Rollout sources, the RolloutBatch they produce, and the packed micro-batch iterator."""

@@ -1,0 +1,57 @@
+"""RolloutBatch: what one rollout hands to the scheduler and the trainer, per sample."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from slime_hydra.errors import SlimeHydraError
+
+
+def as_lengths(values: Sequence[object], what: str, where: str) -> np.ndarray:
+    """Return `values` as an int64 array, or name the first sample that is not a positive integer."""
+    if len(values) == 0:
+        raise SlimeHydraError(f"{where} holds no samples: the rollout is empty, nothing to schedule.")
+    out = np.empty(len(values), dtype=np.int64)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v <= 0:
+            raise SlimeHydraError(
+                f"{where}: sample {i} has {what}={v!r}; every {what} must be a positive integer."
+            )
+        out[i] = v
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class RolloutBatch:
+    """Per-sample lengths and rollout-group ids of one rollout (global sample indices 0..n-1).
+
+    `step_ids`, when a source provides it, fixes which optimizer step each sample belongs to;
+    otherwise steps are cut from whole groups in order.
+    """
+
+    total_lengths: np.ndarray
+    response_lengths: np.ndarray
+    group_ids: np.ndarray
+    step_ids: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.total_lengths)
+        for name in ("response_lengths", "group_ids", "step_ids"):
+            arr = getattr(self, name)
+            if arr is not None and len(arr) != n:
+                raise SlimeHydraError(
+                    f"RolloutBatch: {name} has {len(arr)} entries for {n} samples."
+                )
+        bad = np.flatnonzero(self.response_lengths > self.total_lengths)
+        if bad.size:
+            i = int(bad[0])
+            raise SlimeHydraError(
+                f"RolloutBatch: sample {i} has response_length={int(self.response_lengths[i])} "
+                f"longer than its total_length={int(self.total_lengths[i])}."
+            )
+
+    def __len__(self) -> int:
+        return len(self.total_lengths)
