@@ -1,0 +1,1 @@
+"""Training: distributed set-up, the megatron-core model, the policy loss and FLOPs arithmetic."""

@@ -1,0 +1,100 @@
+"""Model dimensions (conf/model/*.yaml) and the FLOPs they cost per sequence; plain Python, no torch.
+
+The dims are a flat mapping so that schedule metrics and `trainer=plan` can read them without
+building a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
+
+from slime_hydra.errors import SlimeHydraError
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Shape of a decoder-only GPT (Qwen/Llama family): what conf/model/<name>.yaml holds."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int
+    vocab_size: int
+    max_position_embeddings: int
+    kv_channels: int | None = None
+    """Per-head dim; None means hidden_size // num_attention_heads."""
+    normalization: str = "RMSNorm"
+    norm_epsilon: float = 1e-6
+    swiglu: bool = True
+    position_embedding_type: str = "rope"
+    rotary_base: float = 10000.0
+    add_qkv_bias: bool = False
+    untie_embeddings_and_output_weights: bool = True
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_query_groups != 0:
+            raise SlimeHydraError(
+                f"model {self.name}: num_attention_heads={self.num_attention_heads} is not a "
+                f"multiple of num_query_groups={self.num_query_groups}; fix model.num_query_groups."
+            )
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads != 0:
+            raise SlimeHydraError(
+                f"model {self.name}: hidden_size={self.hidden_size} is not a multiple of "
+                f"num_attention_heads={self.num_attention_heads}; set model.kv_channels."
+            )
+        if self.normalization not in ("RMSNorm", "LayerNorm"):
+            raise SlimeHydraError(
+                f"model {self.name}: normalization={self.normalization!r}; use RMSNorm or LayerNorm."
+            )
+        if self.position_embedding_type != "rope":
+            raise SlimeHydraError(
+                f"model {self.name}: position_embedding_type={self.position_embedding_type!r}; "
+                "only 'rope' is supported."
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head query/key/value width."""
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any]) -> ModelDims:
+        """Build from a conf/model mapping (dict or DictConfig), naming any unknown key."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise SlimeHydraError(
+                f"model config {cfg.get('name', '?')!r} has unknown keys {unknown}; "
+                f"allowed keys: {sorted(known)}."
+            )
+        missing = sorted(
+            f.name for f in fields(cls) if f.name not in cfg and f.default is MISSING
+        )
+        if missing:
+            raise SlimeHydraError(
+                f"model config {cfg.get('name', '?')!r} lacks required keys {missing}."
+            )
+        return cls(**{k: cfg[k] for k in cfg})
+
+
+def flops_coefficients(dims: ModelDims) -> tuple[int, int]:
+    """(a, b) with forward+backward FLOPs of one causal sequence of length L = a·L + b·L².
+
+    Counts matmuls only, 2 FLOPs per multiply-add, backward = 2× forward (so 6 per weight per
+    token). With l layers, h hidden, n heads, g query groups, d head dim, f FFN width, V vocab:
+      dense per token   6·[l·(h·(2·n·d + 2·g·d) + k·h·f) + h·V],  k = 3 with SwiGLU else 2
+                        (QKV and output projections, MLP, output layer; embeddings are lookups);
+      causal attention  6·l·n·d·L·(L+1): QKᵀ and AV each take d multiply-adds for the
+                        L·(L+1)/2 (query, key) pairs of a causal mask, per head and layer.
+    So a = dense + 6·l·n·d and b = 6·l·n·d. Norms, softmax and activations are ignored.
+    """
+    h, n, g, d = dims.hidden_size, dims.num_attention_heads, dims.num_query_groups, dims.head_dim
+    mlp = (3 if dims.swiglu else 2) * h * dims.ffn_hidden_size
+    per_layer = h * (2 * n * d + 2 * g * d) + mlp
+    dense = 6 * (dims.num_layers * per_layer + h * dims.vocab_size)
+    b = 6 * dims.num_layers * n * d
+    return dense + b, b
