@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from slime_hydra.errors import SlimeHydraError
 
+if TYPE_CHECKING:
+    from slime_hydra.data.tokens import RolloutTokens
+
 
 def as_lengths(values: Sequence[object], what: str, where: str) -> np.ndarray:
     """Return `values` as an int64 array, or name the first sample that is not a positive integer."""
     if len(values) == 0:
-        raise SlimeHydraError(f"{where} holds no samples: the rollout is empty, nothing to schedule.")
+        raise SlimeHydraError(
+            f"{where} holds no samples: the rollout is empty, nothing to schedule."
+        )
     out = np.empty(len(values), dtype=np.int64)
     for i, v in enumerate(values):
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v <= 0:
@@ -29,13 +35,15 @@ class RolloutBatch:
     """Per-sample lengths and rollout-group ids of one rollout (global sample indices 0..n-1).
 
     `step_ids`, when a source provides it, fixes which optimizer step each sample belongs to;
-    otherwise steps are cut from whole groups in order.
+    otherwise steps are cut from whole groups in order. `tokens`, when a source provides it,
+    holds the token-level data the trainer packs (data/tokens.py).
     """
 
     total_lengths: np.ndarray
     response_lengths: np.ndarray
     group_ids: np.ndarray
     step_ids: np.ndarray | None = None
+    tokens: RolloutTokens | None = None
 
     def __post_init__(self) -> None:
         n = len(self.total_lengths)
@@ -51,6 +59,15 @@ class RolloutBatch:
             raise SlimeHydraError(
                 f"RolloutBatch: sample {i} has response_length={int(self.response_lengths[i])} "
                 f"longer than its total_length={int(self.total_lengths[i])}."
+            )
+        if self.tokens is not None and not (
+            np.array_equal(self.tokens.total_lengths, self.total_lengths)
+            and np.array_equal(self.tokens.response_lengths, self.response_lengths)
+            and np.array_equal(self.tokens.group_ids, self.group_ids)
+        ):
+            raise SlimeHydraError(
+                "RolloutBatch: the token data's lengths or group ids differ from the batch's; "
+                "build the batch with RolloutTokens.to_batch()."
             )
 
     def __len__(self) -> int:
