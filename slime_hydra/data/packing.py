@@ -63,7 +63,7 @@ class PackedMicrobatch:
 
 
 def _local_positions(kept: np.ndarray, cp_size: int, cp_rank: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sequence number and in-sequence position of every packed slot, given each sequence's kept count."""
+    """Sequence number and in-sequence position of each packed slot, given slots per sequence."""
     seq = np.repeat(np.arange(len(kept)), kept)
     within = np.arange(int(kept.sum()), dtype=np.int64) - np.repeat(np.cumsum(kept) - kept, kept)
     if cp_size == 1:

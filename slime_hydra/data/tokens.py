@@ -24,7 +24,7 @@ NUM_DIGITS = 10
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
-    """Exclusive prefix sums [0, l0, l0+l1, ...] as int64, the start of each sample in a flat buffer."""
+    """Exclusive prefix sums [0, l0, l0+l1, ...]: where each sample starts in a flat buffer."""
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
     return out
@@ -79,7 +79,8 @@ class RolloutTokens:
             arr = getattr(self, name)
             if arr is not None and len(arr) != num_response:
                 raise SlimeHydraError(
-                    f"RolloutTokens: {name} has {len(arr)} values for {num_response} response tokens."
+                    f"RolloutTokens: {name} has {len(arr)} values "
+                    f"for {num_response} response tokens."
                 )
 
     @classmethod
@@ -93,7 +94,7 @@ class RolloutTokens:
         advantages: Sequence[float | Sequence[float] | np.ndarray] | None = None,
         old_logprobs: Sequence[Sequence[float] | np.ndarray] | None = None,
     ) -> RolloutTokens:
-        """Build from per-sample lists; an advantage may be one value per sample or per response token.
+        """Build from per-sample lists; an advantage is one value per sample or per response token.
 
         Without `advantages`, GRPO advantages are computed from the rewards within each group.
         """
@@ -146,7 +147,7 @@ class RolloutTokens:
         return _offsets(self.loss_mask.astype(np.int64))
 
     def sample(self, i: int) -> dict[str, np.ndarray | None]:
-        """Views of sample i's tokens and its per-response-token values, for checks and debugging."""
+        """Views of sample i's tokens and per-response-token values, for checks and debugging."""
         t0, t1 = self.offsets[i], self.offsets[i + 1]
         r0, r1 = self.response_offsets[i], self.response_offsets[i + 1]
         return {
@@ -186,7 +187,7 @@ def synthesize_tokens(
     vocab_size: int,
     seed: int,
 ) -> RolloutTokens:
-    """Rollout tokens for a copy task a tiny GPT can learn, with noisy responses and GRPO advantages.
+    """Tokens of a copy task a tiny GPT can learn, with noisy responses and GRPO advantages.
 
     The prompt is random digits then SEP; the right response repeats the prompt's digits
     cyclically. Each sample's responses are wrong per token with its own noise rate, so
