@@ -25,7 +25,7 @@ from megatron.core.utils import divide
 
 
 class PackedCausalAttention(MegatronModule):
-    """Drop-in `core_attention` for megatron's SelfAttention: causal, per packed sequence, any device."""
+    """Drop-in `core_attention` for SelfAttention: causal per packed sequence, any device."""
 
     def __init__(
         self,
@@ -62,7 +62,9 @@ class PackedCausalAttention(MegatronModule):
         self.softmax_scale = (
             softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(self.head_dim)
         )
-        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.dropout_p = (
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
 
     def forward(
         self,
@@ -74,7 +76,7 @@ class PackedCausalAttention(MegatronModule):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: PackedSeqParams | None = None,
     ) -> torch.Tensor:
-        """Attend causally: [t, np, hn] (THD) → [t, np·hn]; [s, b, np, hn] (SBHD) → [s, b, np·hn]."""
+        """Attend causally: THD [t, np, hn] → [t, np·hn]; SBHD [s, b, np, hn] → [s, b, np·hn]."""
         if attention_bias is not None:
             raise ValueError("PackedCausalAttention does not support attention_bias")
         dropout_p = self.dropout_p if self.training else 0.0

@@ -1,4 +1,4 @@
-"""Process-group and megatron-core model-parallel set-up for torchrun workers, CPU (gloo) or GPU (nccl).
+"""Process groups and megatron-core model parallelism for torchrun workers, gloo (CPU) or nccl.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `init_distributed`
 reads them through torch's `env://` rendezvous. On gloo only tensor and data parallelism run:
@@ -49,8 +49,8 @@ def init_distributed(
         missing = [name for name in _REQUIRED_ENV if name not in os.environ]
         if missing:
             raise SlimeHydraError(
-                f"environment variables {', '.join(missing)} are not set: start the trainer with "
-                "torchrun (python -m torch.distributed.run --nproc-per-node N ...), which sets them."
+                f"environment variables {', '.join(missing)} are not set: start the trainer "
+                "with torchrun (python -m torch.distributed.run --nproc-per-node N ...)."
             )
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

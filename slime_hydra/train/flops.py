@@ -1,4 +1,4 @@
-"""Model dimensions (conf/model/*.yaml) and the FLOPs they cost per sequence; plain Python, no torch.
+"""Model dimensions (conf/model/*.yaml) and their FLOPs per sequence; plain Python, no torch.
 
 The dims are a flat mapping so that schedule metrics and `trainer=plan` can read them without
 building a model.
@@ -48,7 +48,8 @@ class ModelDims:
             )
         if self.normalization not in ("RMSNorm", "LayerNorm"):
             raise SlimeHydraError(
-                f"model {self.name}: normalization={self.normalization!r}; use RMSNorm or LayerNorm."
+                f"model {self.name}: normalization={self.normalization!r}; "
+                "use RMSNorm or LayerNorm."
             )
         if self.position_embedding_type != "rope":
             raise SlimeHydraError(
@@ -71,9 +72,7 @@ class ModelDims:
                 f"model config {cfg.get('name', '?')!r} has unknown keys {unknown}; "
                 f"allowed keys: {sorted(known)}."
             )
-        missing = sorted(
-            f.name for f in fields(cls) if f.name not in cfg and f.default is MISSING
-        )
+        missing = sorted(f.name for f in fields(cls) if f.name not in cfg and f.default is MISSING)
         if missing:
             raise SlimeHydraError(
                 f"model config {cfg.get('name', '?')!r} lacks required keys {missing}."

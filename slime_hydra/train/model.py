@@ -1,4 +1,4 @@
-"""Build a megatron-core GPTModel from conf/model dims: local layers on CPU, Transformer Engine on GPU.
+"""Build a megatron-core GPTModel from conf/model dims: local layers on CPU, TE layers on GPU.
 
 Call after `init_distributed` and `seed_everything`: megatron reads the TP/PP groups from
 `parallel_state`, and CPU weights are drawn from the default torch generator as one full
@@ -85,7 +85,7 @@ def transformer_config(
 
 
 def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
-    """Transformer-layer spec: megatron-local modules with packed causal attention on CPU, TE on GPU."""
+    """Layer spec: megatron-local modules with packed causal attention on CPU, TE on GPU."""
     if device == "cuda":
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_with_transformer_engine_spec,
