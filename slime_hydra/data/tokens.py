@@ -214,7 +214,7 @@ def synthesize_tokens(
 
     in_resp = pos >= p
     r_sid = sid[in_resp]
-    j = pos[in_resp] - p[r_sid]
+    j = pos[in_resp] - p[in_resp]
     num_prompt_digits = np.maximum(prompt - 1, 1)[r_sid]
     source = offsets[r_sid] + j % num_prompt_digits
     target = np.where(prompt[r_sid] >= 2, tokens[source], DIGIT0_ID)
