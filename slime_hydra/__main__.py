@@ -1,0 +1,19 @@
+"""`python -m slime_hydra [overrides]`: compose the config with Hydra and run the job."""
+
+import hydra
+from omegaconf import DictConfig
+
+from slime_hydra import app
+from slime_hydra.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    """Hydra's entry point; the work is in slime_hydra.app."""
+    app.main(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The job a Hydra run executes: validate, load the rollout, plan, write the run dir, train."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.config import build, validate
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.jsonl import JsonlSink
+from slime_hydra.log.sink import FanOut
+from slime_hydra.schedule import violations
+from slime_hydra.schedule.dynamic import DynamicBatching, Oversize
+from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.train.job import Job
+
+log = logging.getLogger("slime_hydra")
+
+
+def plan(cfg: DictConfig, run_dir: Path) -> Job:
+    """Checks, rollout and schedule, before any training; writes config.yaml and schedule.json."""
+    layout, strategy = validate(cfg)
+    dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
+    rollout = build(cfg.data).load()
+    start = time.perf_counter()
+    schedule = strategy.plan(rollout.total_lengths, rollout.group_ids, rollout.step_ids)
+    log.info(
+        "Planned %d steps of %d samples for dp=%d with %s in %.1f ms",
+        len(schedule.steps),
+        len(rollout),
+        layout.dp,
+        strategy.name,
+        (time.perf_counter() - start) * 1e3,
+    )
+    isolate = isinstance(strategy, DynamicBatching) and strategy.oversize is Oversize.isolate
+    broken = violations(schedule, layout, rollout.group_ids, allow_oversize=isolate)
+    if broken:
+        log.warning(
+            "%s's schedule breaks %d invariants (measured, not fixed), e.g. %s",
+            strategy.name,
+            len(broken),
+            "; ".join(broken[:3]),
+        )
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    (run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
+    return Job(
+        cfg=cfg,
+        run_dir=run_dir,
+        layout=layout,
+        strategy=strategy,
+        rollout=rollout,
+        schedule=schedule,
+        flops_coefficients=flops_coefficients(dims),
+    )
+
+
+def run(cfg: DictConfig) -> None:
+    """Plan, then hand the job to the configured trainer with metrics.jsonl and the logger."""
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    job = plan(cfg, run_dir)
+    trainer = build(cfg.trainer)
+    sink = FanOut([JsonlSink(run_dir / "metrics.jsonl"), build(cfg.logger)])
+    try:
+        trainer.run(job, sink)
+    finally:
+        sink.close()
+    log.info("Run dir: %s", run_dir)
+
+
+def main(cfg: DictConfig) -> None:
+    """Run, turning a user error into one paragraph: exit 1 in a single run; in a sweep, fail
+    only this job (its error.txt says why) and go on with the others."""
+    try:
+        run(cfg)
+    except SlimeHydraError as exc:
+        log.error("%s", exc)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            Path(HydraConfig.get().runtime.output_dir, "error.txt").write_text(f"{exc}\n")
+            return
+        sys.exit(1)

@@ -1,0 +1,161 @@
+"""Config schema (registered in Hydra's ConfigStore), object building, and start-up validation.
+
+Each config group's YAML extends a `base_*` schema here, so a typo or a wrong type fails at
+composition; `validate` then checks what spans fields, before anything runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field, fields, make_dataclass
+from typing import Any, get_type_hints
+
+from hydra.core.config_store import ConfigStore
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from slime_hydra.data.jsonl import JsonlTrace
+from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule import BatchingStrategy, ParallelLayout
+from slime_hydra.schedule.dynamic import DpSplit, Oversize
+from slime_hydra.schedule.legacy import VppRounding
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ParallelConfig:
+    """Parallel sizes; world size = dp × tp × pp × cp."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank; needs pp > 1."""
+    cp: int = 1
+    microbatch_group_size_per_vp_stage: int | None = None
+    """Micro-batches per VPP group; null means pp (megatron-core's default)."""
+
+
+@dataclass
+class PartitionerConfig:
+    _target_: str = "slime_hydra.partition.CappedPartitioner"
+    refine_rounds: int | None = None
+    """Local-search rounds per packing; null means 4 × the part count."""
+
+
+@dataclass
+class BatchingConfig:
+    _target_: str = MISSING
+    global_batch_size: int = 128
+    """Samples per optimizer step over all DP ranks."""
+    max_tokens_per_gpu: int | None = None
+    """Token cap of one micro-batch per GPU; the cap per DP rank is this × cp."""
+
+
+@dataclass
+class FixedBatchingConfig(BatchingConfig):
+    _target_: str = "slime_hydra.schedule.FixedBatching"
+    micro_batch_size: int = 1
+
+
+@dataclass
+class DynamicBatchingConfig(BatchingConfig):
+    _target_: str = "slime_hydra.schedule.DynamicBatching"
+    max_tokens_per_gpu: int | None = 8192
+    oversize: Oversize = Oversize.error
+    """A sample over the cap: `error` (default) or `isolate` (alone in its own micro-batch)."""
+    dp_split: DpSplit = DpSplit.auto
+    """`pack` (pack the step, deal parts to ranks), `kk` (split ranks first) or `auto` (best)."""
+    partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
+
+
+@dataclass
+class LegacyBatchingConfig(BatchingConfig):
+    _target_: str = "slime_hydra.schedule.SlimeLegacyBatching"
+    max_tokens_per_gpu: int | None = 8192
+    vpp_rounding: VppRounding = MISSING
+    cap_fallback: bool = MISSING
+    balance_data: bool = False
+    preset: str = MISSING
+
+
+def target_schema(cls: type) -> type:
+    """A config dataclass: `_target_` = `cls`, then the fields (types, defaults) of `cls`."""
+    hints = get_type_hints(cls)
+    specs: list[Any] = [("_target_", str, field(default=f"{cls.__module__}.{cls.__qualname__}"))]
+    for f in fields(cls):
+        default = MISSING if f.default is dataclasses.MISSING else f.default
+        specs.append((f.name, hints[f.name], field(default=default)))
+    return make_dataclass(f"{cls.__name__}Config", specs)
+
+
+@dataclass
+class TrainerConfig:
+    _target_: str = "slime_hydra.train.plan.PlanTrainer"
+
+
+@dataclass
+class LoggerConfig:
+    _target_: str = MISSING
+
+
+@dataclass
+class Config:
+    batching: Any = MISSING
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: Any = MISSING
+    model: Any = MISSING
+    trainer: Any = MISSING
+    logger: Any = MISSING
+    seed: int = 1234
+
+
+def register_configs() -> None:
+    """Store the schemas the YAML files extend (`defaults: [base_<name>, _self_]`)."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
+    cs.store(group="batching", name="base_fixed", node=FixedBatchingConfig)
+    cs.store(group="batching", name="base_dynamic", node=DynamicBatchingConfig)
+    cs.store(group="batching", name="base_legacy", node=LegacyBatchingConfig)
+    cs.store(group="data", name="base_synthetic_grpo", node=target_schema(SyntheticGRPO))
+    cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
+    cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    cs.store(group="logger", name="base_logger", node=LoggerConfig)
+
+
+def build(node: DictConfig, **runtime: Any) -> Any:
+    """Instantiate a `_target_` node, then call it with the runtime arguments (kept as objects,
+    not converted to config), surfacing our errors unwrapped."""
+    log.info("Instantiating <%s>", node._target_)
+    try:
+        factory = instantiate(node, _partial_=True)
+    except InstantiationException as exc:
+        if isinstance(exc.__cause__, SlimeHydraError):
+            raise exc.__cause__ from None
+        raise SlimeHydraError(str(exc)) from None
+    return factory(**runtime)
+
+
+def layout_of(cfg: DictConfig) -> ParallelLayout:
+    """The ParallelLayout that `cfg.parallel` describes (its constructor checks the sizes)."""
+    return ParallelLayout(**OmegaConf.to_container(cfg.parallel, resolve=True))
+
+
+def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
+    """Check the whole config before anything runs; return the layout and batching strategy."""
+    layout = layout_of(cfg)
+    strategy = build(cfg.batching, layout=layout)
+    strategy.check_step_size(strategy.global_batch_size)
+    group = OmegaConf.select(cfg, "data.n_samples_per_prompt")
+    if group is not None and strategy.global_batch_size % group:
+        raise SlimeHydraError(
+            f"batching.global_batch_size={strategy.global_batch_size} is not a multiple of "
+            f"data.n_samples_per_prompt={group}, so a rollout group would straddle two steps; "
+            "set batching.global_batch_size to a multiple of the group size."
+        )
+    return layout, strategy

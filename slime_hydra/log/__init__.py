@@ -1,0 +1,1 @@
+"""Metric sinks: metrics.jsonl (always), and the `logger` group's choice (console, ...)."""

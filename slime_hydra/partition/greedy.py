@@ -1,0 +1,55 @@
+"""Greedy partitioners: longest-processing-time-first balancing and first-fit bin packing."""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from slime_hydra.partition.base import Parts
+
+
+def descending(weights: Sequence[int]) -> list[int]:
+    """Indices by weight, heaviest first, ties by index (deterministic)."""
+    return np.argsort(-np.asarray(weights, dtype=np.int64), kind="stable").tolist()
+
+
+def lpt(weights: Sequence[int], k: int, order: Sequence[int] | None = None) -> Parts:
+    """Each item, heaviest first, into the currently lightest of k parts (Graham's LPT)."""
+    parts: Parts = [[] for _ in range(k)]
+    heap = [(0, p) for p in range(k)]
+    for i in descending(weights) if order is None else order:
+        total, p = heap[0]
+        parts[p].append(i)
+        heapq.heapreplace(heap, (total + weights[i], p))
+    return parts
+
+
+def first_fit(
+    weights: Sequence[int],
+    cap: int,
+    order: Iterable[int] | None = None,
+    max_bins: int | None = None,
+) -> Parts | None:
+    """Each item, in `order`, into the first bin with room under `cap`.
+
+    Bins open as needed; with `max_bins` set, returns None when an item fits in none of them.
+    An item heavier than `cap` gets a bin of its own.
+    """
+    n_max = len(weights) if max_bins is None else max_bins
+    room = np.full(max(n_max, 1), np.iinfo(np.int64).max, dtype=np.int64)
+    parts: Parts = []
+    for i in range(len(weights)) if order is None else order:
+        w = weights[i]
+        b = int(np.argmax(room >= w)) if parts else 0
+        if b < len(parts) and room[b] >= w:
+            room[b] -= w
+            parts[b].append(i)
+            continue
+        if len(parts) >= n_max:
+            return None
+        b = len(parts)
+        room[b] = cap - w
+        parts.append([i])
+    return parts

@@ -1,0 +1,149 @@
+"""Dynamic batching: the fewest micro-batches under max_tokens_per_gpu × cp, balanced across DP.
+
+Two ways to split a step across DP ranks are planned and the better one kept (fewer
+micro-batches per rank, then the flatter of micro-batch and rank token loads):
+- `pack`: partition the whole step into dp·K cap-safe parts, then deal K parts to each rank by
+  equal-count Karmarkar-Karp on part tokens;
+- `kk`: split samples across ranks by equal-count Karmarkar-Karp on lengths, then partition
+  each rank into the common K.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.partition import CappedPartitioner, Partitioner, PartitionError, karmarkar_karp
+from slime_hydra.schedule.layout import ParallelLayout
+from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
+
+
+class Oversize(StrEnum):
+    """What to do with a sample longer than the cap on its own."""
+
+    error = "error"
+    isolate = "isolate"
+
+
+class DpSplit(StrEnum):
+    """How a step's samples are split across DP ranks."""
+
+    auto = "auto"
+    pack = "pack"
+    kk = "kk"
+
+
+class DynamicBatching(BatchingStrategy):
+    """Cap-safe, VPP-aligned, DP-balanced micro-batches with one count for all ranks."""
+
+    def __init__(
+        self,
+        layout: ParallelLayout,
+        global_batch_size: int | None,
+        max_tokens_per_gpu: int,
+        oversize: Oversize | str = Oversize.error,
+        dp_split: DpSplit | str = DpSplit.auto,
+        partitioner: Partitioner | None = None,
+    ) -> None:
+        if max_tokens_per_gpu is None:
+            raise SlimeHydraError(
+                "batching=dynamic needs batching.max_tokens_per_gpu (tokens per GPU per "
+                "micro-batch); set it, e.g. batching.max_tokens_per_gpu=8192."
+            )
+        super().__init__(layout, global_batch_size, max_tokens_per_gpu)
+        self.oversize = Oversize(oversize)
+        self.dp_split = DpSplit(dp_split)
+        self.partitioner: Partitioner = partitioner or CappedPartitioner()
+
+    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
+        cap = self.cap
+        assert cap is not None
+        if self.oversize is Oversize.error:
+            for i in samples:
+                if lengths[i] > cap:
+                    raise SlimeHydraError(
+                        f"{where(step)}sample {i} has {lengths[i]} tokens, over the cap of "
+                        f"{cap} tokens per micro-batch (batching.max_tokens_per_gpu="
+                        f"{self.max_tokens_per_gpu} × parallel.cp={self.layout.cp}); raise "
+                        "batching.max_tokens_per_gpu, or set batching.oversize=isolate to train "
+                        "it alone in its own micro-batch."
+                    )
+        candidates: list[RankMicrobatches] = []
+        failures: list[PartitionError] = []
+        planners = {DpSplit.pack: self._pack_then_deal, DpSplit.kk: self._split_then_pack}
+        for split, planner in planners.items():
+            if self.dp_split in (DpSplit.auto, split):
+                try:
+                    candidates.append(planner(lengths, samples))
+                except PartitionError as exc:
+                    failures.append(exc)
+        if not candidates:
+            g = self.layout.microbatch_alignment
+            raise SlimeHydraError(
+                f"{where(step)}{len(samples)} samples cannot fill parallel.dp={self.layout.dp} "
+                f"ranks with the same number of non-empty micro-batches (a multiple of {g}) "
+                f"under the cap of {cap} tokens ({failures[0]}); raise "
+                "batching.global_batch_size, or lower parallel.dp or "
+                "parallel.microbatch_group_size_per_vp_stage."
+            )
+        return min(candidates, key=lambda ranks: _score(ranks, lengths))
+
+    def _pack(self, ids: list[int], lengths: Sequence[int], align: int, min_count: int) -> list:
+        """Cap-safe micro-batches of `ids`, count >= min_count and a multiple of `align`;
+        samples over the cap (only present under oversize=isolate) each sit alone."""
+        cap = self.cap
+        assert cap is not None
+        over = [[i] for i in ids if lengths[i] > cap]
+        normal = [i for i in ids if lengths[i] <= cap]
+        if not normal:
+            if len(over) < min_count or len(over) % align:
+                raise PartitionError(
+                    f"{len(over)} over-cap samples alone cannot make {min_count} or more "
+                    f"micro-batches in multiples of {align}"
+                )
+            return over
+        parts = self.partitioner(
+            [lengths[i] for i in normal],
+            cap,
+            align=align,
+            offset=len(over),
+            min_parts=max(1, min_count - len(over)),
+        )
+        return [[normal[j] for j in part] for part in parts] + over
+
+    def _pack_then_deal(self, lengths: Sequence[int], samples: list[int]) -> RankMicrobatches:
+        """Partition the step into dp·K parts, then deal K parts to each rank."""
+        dp = self.layout.dp
+        parts = self._pack(samples, lengths, dp * self.layout.microbatch_alignment, dp)
+        tokens = [sum(lengths[i] for i in part) for part in parts]
+        return [
+            [parts[p] for p in sorted(deal, key=lambda p: -tokens[p])]
+            for deal in karmarkar_karp(tokens, dp, equal_size=True)
+        ]
+
+    def _split_then_pack(self, lengths: Sequence[int], samples: list[int]) -> RankMicrobatches:
+        """Split samples across ranks by equal-count KK, then pack each rank into a common K."""
+        g = self.layout.microbatch_alignment
+        rank_ids = [
+            [samples[j] for j in part]
+            for part in karmarkar_karp([lengths[i] for i in samples], self.layout.dp, True)
+        ]
+        packed = [self._pack(ids, lengths, g, 1) for ids in rank_ids]
+        k = max(len(mbs) for mbs in packed)
+        while any(len(mbs) != k for mbs in packed):
+            packed = [
+                mbs if len(mbs) == k else self._pack(ids, lengths, g, k)
+                for ids, mbs in zip(rank_ids, packed, strict=True)
+            ]
+            k = max(len(mbs) for mbs in packed)
+        return packed
+
+
+def _score(ranks: RankMicrobatches, lengths: Sequence[int]) -> tuple[int, float]:
+    """Fewer micro-batches per rank first, then the worse of micro-batch and rank imbalance."""
+    mb_tokens = [sum(lengths[i] for i in mb) for rank in ranks for mb in rank]
+    rank_tokens = [sum(lengths[i] for mb in rank for i in mb) for rank in ranks]
+    mb_imb = max(mb_tokens) * len(mb_tokens) / sum(mb_tokens)
+    rank_imb = max(rank_tokens) * len(rank_tokens) / sum(rank_tokens)
+    return len(ranks[0]), max(mb_imb, rank_imb)

@@ -1,0 +1,70 @@
+"""Per-step schedule metrics (the batch/* keys of DESIGN.md), computed from the schedule alone."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from slime_hydra.partition import align_up
+from slime_hydra.partition.workload import flops_workloads
+from slime_hydra.schedule.layout import ParallelLayout
+from slime_hydra.schedule.schedule import StepSchedule
+
+
+def microbatch_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
+    """Fewest micro-batches per rank any cap-respecting schedule needs.
+
+    max(⌈ΣL / (dp·cap)⌉, ⌈#samples over cap/2 ÷ dp⌉), rounded up to the VPP alignment.
+    """
+    by_tokens = -(-sum(lengths) // (dp * cap))
+    by_halves = -(-sum(1 for n in lengths if 2 * n > cap) // dp)
+    return align_up(max(by_tokens, by_halves, 1), align)
+
+
+def _imbalance(values: Sequence[float]) -> float:
+    mean = sum(values) / len(values)
+    return max(values) / mean if mean else 1.0
+
+
+def step_metrics(
+    step: StepSchedule,
+    lengths: Sequence[int],
+    cap: int | None,
+    layout: ParallelLayout,
+    flops_coefficients: tuple[float, float],
+) -> dict[str, float | int | None]:
+    """The batch/* metrics of one step (per rank counts, imbalances as max/mean)."""
+    mbs = [mb for rank in step.ranks for mb in rank]
+    mb_tokens = [sum(lengths[i] for i in mb) for mb in mbs]
+    rank_tokens = [sum(lengths[i] for mb in rank for i in mb) for rank in step.ranks]
+    linear, quadratic = flops_coefficients
+    rank_flops = [
+        sum(flops_workloads([lengths[i] for mb in rank for i in mb], linear, quadratic))
+        for rank in step.ranks
+    ]
+    samples = step.samples
+    k = step.num_microbatches
+    if cap is None:
+        lower_bound, utilization, violations, oversize = k, None, 0, 0
+    else:
+        step_lengths = [lengths[i] for i in samples]
+        lower_bound = microbatch_lower_bound(
+            step_lengths, cap, layout.dp, layout.microbatch_alignment
+        )
+        utilization = sum(mb_tokens) / (len(mbs) * cap)
+        violations = sum(1 for mb, t in zip(mbs, mb_tokens, strict=True) if len(mb) > 1 and t > cap)
+        oversize = sum(1 for n in step_lengths if n > cap)
+    return {
+        "batch/num_microbatches": k,
+        "batch/num_microbatches_lb": lower_bound,
+        "batch/mb_tokens_max": max(mb_tokens),
+        "batch/mb_tokens_mean": sum(mb_tokens) / len(mb_tokens),
+        "batch/mb_tokens_min": min(mb_tokens),
+        "batch/token_imbalance": _imbalance(mb_tokens),
+        "batch/dp_token_imbalance": _imbalance(rank_tokens),
+        "batch/flops_imbalance": _imbalance(rank_flops),
+        "batch/cap_utilization": utilization,
+        "batch/cap_violations": violations,
+        "batch/empty_microbatches": sum(1 for mb in mbs if not mb),
+        "batch/oversize_samples": oversize,
+        "batch/plan_ms": step.plan_ms,
+    }

@@ -1,0 +1,69 @@
+"""Schedule: per optimizer step, per DP rank, micro-batches as lists of global sample indices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Microbatch = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """One optimizer step: `ranks[r][m]` is micro-batch m of DP rank r."""
+
+    step: int
+    ranks: tuple[tuple[Microbatch, ...], ...]
+    plan_ms: float = 0.0
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per DP rank (the count of rank 0; invariants check the others)."""
+        return len(self.ranks[0]) if self.ranks else 0
+
+    @property
+    def samples(self) -> list[int]:
+        """Every sample index of the step, in schedule order."""
+        return [i for rank in self.ranks for mb in rank for i in mb]
+
+    @classmethod
+    def build(
+        cls, step: int, ranks: Sequence[Sequence[Sequence[int]]], plan_ms: float = 0.0
+    ) -> StepSchedule:
+        """Freeze nested lists, sorting each micro-batch's samples for determinism."""
+        frozen = tuple(tuple(tuple(sorted(mb)) for mb in rank) for rank in ranks)
+        return cls(step=step, ranks=frozen, plan_ms=plan_ms)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A whole rollout's schedule, with the lengths and token cap it was planned against."""
+
+    lengths: tuple[int, ...]
+    cap: int | None
+    steps: tuple[StepSchedule, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The schedule.json document of DESIGN.md."""
+        return {
+            "lengths": list(self.lengths),
+            "cap": self.cap,
+            "steps": [
+                {
+                    "step": s.step,
+                    "num_microbatches": s.num_microbatches,
+                    "ranks": [[list(mb) for mb in rank] for rank in s.ranks],
+                }
+                for s in self.steps
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Schedule:
+        """Read back what `to_json` wrote."""
+        return cls(
+            lengths=tuple(doc["lengths"]),
+            cap=doc["cap"],
+            steps=tuple(StepSchedule.build(s["step"], s["ranks"]) for s in doc["steps"]),
+        )

@@ -1,0 +1,34 @@
+"""Job: everything a trainer needs, planned once by the app before training starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
+
+
+@dataclass(frozen=True)
+class Job:
+    """The resolved config, the run dir, the rollout and its schedule, and the FLOPs model."""
+
+    cfg: DictConfig
+    run_dir: Path
+    layout: ParallelLayout
+    strategy: BatchingStrategy
+    rollout: RolloutBatch
+    schedule: Schedule
+    flops_coefficients: tuple[float, float]
+
+    def batch_metrics(self, step: int) -> dict[str, float | int | None]:
+        """The batch/* metrics of one step of the schedule."""
+        return step_metrics(
+            self.schedule.steps[step],
+            self.schedule.lengths,
+            self.schedule.cap,
+            self.layout,
+            self.flops_coefficients,
+        )
