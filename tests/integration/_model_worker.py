@@ -1,0 +1,99 @@
+"""torchrun worker for test_model_cpu.py: tiny GPTModel on gloo, forward+backward on a THD batch.
+
+Usage: python -m torch.distributed.run --standalone --nproc-per-node N _model_worker.py OUT TP
+Rank 0 writes the full-vocab logits and the checks' raw values to OUT (torch.save).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
+from omegaconf import OmegaConf
+
+from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.loss import broadcast_per_sample, policy_loss
+from slime_hydra.train.model import build_gpt_model
+
+REPO = Path(__file__).resolve().parents[2]
+LENGTHS = [5, 9, 3]
+
+
+def packed_inputs(tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams]:
+    """input_ids [1, T], position_ids [1, T] (restarting per sequence) and THD PackedSeqParams."""
+    lengths = torch.tensor([len(t) for t in tokens])
+    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    max_len = int(lengths.max())
+    params = PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=max_len,
+        max_seqlen_kv=max_len,
+    )
+    positions = torch.cat([torch.arange(len(t)) for t in tokens]).unsqueeze(0)
+    return torch.cat(tokens).unsqueeze(0), positions, params
+
+
+def full_logits(model: torch.nn.Module, tokens: list[torch.Tensor]) -> torch.Tensor:
+    """Forward the packed sequences and gather the vocab shards: [T, V]."""
+    ids, positions, params = packed_inputs(tokens)
+    with torch.no_grad():
+        shard = model(ids, positions, None, packed_seq_params=params)[0]
+    group = parallel_state.get_tensor_model_parallel_group()
+    shards = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(shards, shard.contiguous(), group=group)
+    return torch.cat(shards, dim=-1)
+
+
+def main(out: str, tp: int) -> None:
+    """Build the tiny model with tp, run the checks' forwards and one backward, save on rank 0."""
+    init_distributed(tp=tp)
+    try:
+        seed_everything(1234)
+        model = build_gpt_model(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
+        gen = torch.Generator().manual_seed(0)
+        tokens = [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]
+        perturbed = [torch.randint(0, 256, (LENGTHS[0],), generator=gen), *tokens[1:]]
+
+        ids, positions, params = packed_inputs(tokens)
+        logits = model(ids, positions, None, packed_seq_params=params)
+        mask = torch.ones(sum(LENGTHS))
+        mask[params.cu_seqlens_q[:-1].long()] = 0
+        loss, num_tokens, _ = policy_loss(
+            logits,
+            ids,
+            params.cu_seqlens_q,
+            old_log_probs=torch.full((sum(LENGTHS),), -5.5),
+            advantages=broadcast_per_sample(torch.tensor([1.0, -0.5, 0.25]), params.cu_seqlens_q),
+            loss_mask=mask,
+            normalizer=int(mask.sum()),
+        )
+        loss.backward()
+        grad_sq = torch.stack([p.grad.pow(2).sum() for p in model.parameters()]).sum()
+        dist.all_reduce(grad_sq, group=parallel_state.get_tensor_model_parallel_group())
+        losses = [torch.zeros(1) for _ in range(dist.get_world_size())]
+        dist.all_gather(losses, loss.detach().reshape(1))
+
+        result = {
+            "loss": loss.item(),
+            "losses_per_rank": [x.item() for x in losses],
+            "num_tokens": num_tokens,
+            "grad_norm": grad_sq.sqrt().item(),
+            "num_params_without_grad": sum(p.grad is None for p in model.parameters()),
+            "logits": full_logits(model, tokens),
+            "logits_perturbed": full_logits(model, perturbed),
+            "logits_alone": full_logits(model, tokens[1:2]),
+        }
+        if dist.get_rank() == 0:
+            torch.save(result, out)
+    finally:
+        destroy_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))

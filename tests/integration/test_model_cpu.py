@@ -1,0 +1,110 @@
+"""The megatron-core GPTModel on CPU (gloo): packed attention, tensor parallelism, model dims."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.train.distributed import init_distributed
+from slime_hydra.train.flops import ModelDims, flops_coefficients
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).with_name("_model_worker.py")
+SEQ_SPANS = [(0, 5), (5, 14), (14, 17)]  # the worker's packed sequences of lengths 5, 9, 3
+
+
+def _run_worker(tmp_path: Path, nproc: int, tp: int) -> dict[str, Any]:
+    """Run the worker under torchrun with nproc gloo ranks and return rank 0's results."""
+    out = tmp_path / f"tp{tp}.pt"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKER),
+        str(out),
+        str(tp),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return torch.load(out)
+
+
+@pytest.fixture(scope="module")
+def tp1(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Results of the worker on one gloo rank, tp=1."""
+    return _run_worker(tmp_path_factory.mktemp("tp1"), nproc=1, tp=1)
+
+
+@pytest.mark.integration
+def test_forward_backward_on_packed_batch(tp1: dict[str, Any]) -> None:
+    assert tp1["logits"].shape == (17, 256)
+    assert torch.isfinite(tp1["logits"]).all()
+    assert torch.isfinite(torch.tensor(tp1["loss"]))
+    assert tp1["num_tokens"] == 17 - 3
+    assert tp1["num_params_without_grad"] == 0
+    assert tp1["grad_norm"] > 0
+
+
+@pytest.mark.integration
+def test_attention_stays_inside_each_packed_sequence(tp1: dict[str, Any]) -> None:
+    first, rest = slice(*SEQ_SPANS[0]), slice(SEQ_SPANS[1][0], None)
+    # Changing sequence 1's tokens changes its logits but not those of sequences 2 and 3 ...
+    assert not torch.allclose(tp1["logits_perturbed"][first], tp1["logits"][first])
+    torch.testing.assert_close(tp1["logits_perturbed"][rest], tp1["logits"][rest])
+    # ... and sequence 2 packed behind another gives its logits alone (positions restart too).
+    torch.testing.assert_close(tp1["logits_alone"], tp1["logits"][slice(*SEQ_SPANS[1])])
+
+
+@pytest.mark.integration
+def test_tensor_parallel_matches_single_rank(tp1: dict[str, Any], tmp_path: Path) -> None:
+    tp2 = _run_worker(tmp_path, nproc=2, tp=2)
+    assert tp2["losses_per_rank"][0] == tp2["losses_per_rank"][1]
+    # Same seed → same master weights, split across the 2 ranks: the same function as tp=1.
+    for key in ("logits", "logits_perturbed", "logits_alone"):
+        torch.testing.assert_close(tp2[key], tp1[key], rtol=1e-4, atol=1e-4)
+    assert tp2["loss"] == pytest.approx(tp1["loss"], rel=1e-4)
+    assert tp2["grad_norm"] == pytest.approx(tp1["grad_norm"], rel=1e-3)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "cp"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
+def test_gloo_refuses_pipeline_and_context_parallelism(pp: int, vpp: int, cp: int) -> None:
+    with pytest.raises(SlimeHydraError, match="trainer=gpu"):
+        init_distributed(tp=1, pp=pp, cp=cp, backend="gloo", vpp=vpp)
+
+
+def test_model_configs_load() -> None:
+    for name in ("tiny", "qwen2_5_7b"):
+        dims = ModelDims.from_mapping(OmegaConf.load(REPO / f"conf/model/{name}.yaml"))
+        assert dims.name == name
+
+
+def test_unknown_model_key_is_named() -> None:
+    cfg = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny.yaml")), "hiden": 1}
+    with pytest.raises(SlimeHydraError, match="hiden"):
+        ModelDims.from_mapping(cfg)
+
+
+def test_flops_coefficients_of_qwen2_5_7b() -> None:
+    dims = ModelDims.from_mapping(OmegaConf.load(REPO / "conf/model/qwen2_5_7b.yaml"))
+    a, b = flops_coefficients(dims)
+    # 7.07e9 matmul weights (Qwen2.5-7B: 7.61e9 parameters less the 0.55e9 embedding table).
+    matmul_params = 28 * (3584 * (2 * 3584 + 2 * 512) + 3 * 3584 * 18944) + 3584 * 152064
+    assert matmul_params == pytest.approx(7.07e9, rel=1e-3)
+    assert b == 6 * 28 * 28 * 128
+    assert a == 6 * matmul_params + b
