@@ -1,9 +1,10 @@
 """Token-level rollout data in flat buffers, GRPO advantages, and a synthetic verifiable task.
 
 Layout: one flat buffer per field plus offsets, not one tensor per sample. At 4,096 samples of
-up to 8k tokens it uses the same bytes for the data, a few hundred thousand fewer Python/tensor
-objects, builds faster and packs a micro-batch with one gather per field
-(benchmarks/bench_iterator.py measures both layouts).
+up to 8k tokens (17M tokens) benchmarks/bench_iterator.py measured 221 MiB vs 235 MiB, 8 arrays
+vs 16,384 tensors, and a 2-4x faster build; packing was 15-30% slower than a cp=1-only
+torch.cat packer (about 1 ms per 16k-token micro-batch, negligible next to a training step),
+and the flat layout also gives vectorised sources and one gather per field for any CP split.
 """
 
 from __future__ import annotations
