@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-from megatron.core.models.gpt import GPTModel
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+from megatron.core.models.gpt import GPTModel, gpt_layer_specs
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.attention import PackedCausalAttention
 from slime_hydra.train.flops import ModelDims
 
@@ -87,12 +87,15 @@ def transformer_config(
 def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
     """Layer spec: megatron-local modules with packed causal attention on CPU, TE on GPU."""
     if device == "cuda":
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        return get_gpt_layer_with_transformer_engine_spec()
-    spec = get_gpt_layer_local_spec(normalization=dims.normalization)
+        if not gpt_layer_specs.HAVE_TE:
+            raise SlimeHydraError(
+                "trainer=gpu builds Transformer Engine layers, but transformer_engine is not "
+                "importable: install it (pip install transformer-engine[pytorch]) or use "
+                "trainer=cpu."
+            )
+        # TE's fused norm+linear layers read RMSNorm/LayerNorm from config.normalization.
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=dims.normalization)
     spec.submodules.self_attention.submodules.core_attention = PackedCausalAttention
     return spec
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from omegaconf import OmegaConf
 
@@ -39,11 +39,13 @@ def packed_inputs(tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tenso
     return torch.cat(tokens).unsqueeze(0), positions, params
 
 
-def full_logits(model: torch.nn.Module, tokens: list[torch.Tensor]) -> torch.Tensor:
-    """Forward the packed sequences and gather the vocab shards: [T, V]."""
+def full_logits(
+    model: torch.nn.Module, tokens: list[torch.Tensor], packed: bool = True
+) -> torch.Tensor:
+    """Forward the sequences (THD-packed, or one unpacked SBHD sequence) → gathered [T, V]."""
     ids, positions, params = packed_inputs(tokens)
     with torch.no_grad():
-        shard = model(ids, positions, None, packed_seq_params=params)[0]
+        shard = model(ids, positions, None, packed_seq_params=params if packed else None)[0]
     group = parallel_state.get_tensor_model_parallel_group()
     shards = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
     dist.all_gather(shards, shard.contiguous(), group=group)
@@ -74,7 +76,12 @@ def main(out: str, tp: int) -> None:
             normalizer=int(mask.sum()),
         )
         loss.backward()
-        grad_sq = torch.stack([p.grad.pow(2).sum() for p in model.parameters()]).sum()
+        # Norm weights are replicated on every TP rank: count them once in the TP-wide norm.
+        grad_sq = sum(
+            p.grad.pow(2).sum()
+            for p in model.parameters()
+            if tensor_parallel.param_is_not_tensor_parallel_duplicate(p)
+        )
         dist.all_reduce(grad_sq, group=parallel_state.get_tensor_model_parallel_group())
         losses = [torch.zeros(1) for _ in range(dist.get_world_size())]
         dist.all_gather(losses, loss.detach().reshape(1))
@@ -88,6 +95,7 @@ def main(out: str, tp: int) -> None:
             "logits": full_logits(model, tokens),
             "logits_perturbed": full_logits(model, perturbed),
             "logits_alone": full_logits(model, tokens[1:2]),
+            "logits_unpacked": full_logits(model, tokens[1:2], packed=False),
         }
         if dist.get_rank() == 0:
             torch.save(result, out)
