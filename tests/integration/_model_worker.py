@@ -16,7 +16,7 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from omegaconf import OmegaConf
 
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.loss import broadcast_per_sample, policy_loss
+from slime_hydra.train.loss import policy_loss
 from slime_hydra.train.model import build_gpt_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,14 +64,15 @@ def main(out: str, tp: int) -> None:
 
         ids, positions, params = packed_inputs(tokens)
         logits = model(ids, positions, None, packed_seq_params=params)
-        mask = torch.ones(sum(LENGTHS))
-        mask[params.cu_seqlens_q[:-1].long()] = 0
+        # Labels are next tokens within each sequence; a sequence's last position has none.
+        labels = torch.cat([torch.cat([t[1:], t.new_zeros(1)]) for t in tokens])
+        mask = torch.cat([torch.arange(n) < n - 1 for n in LENGTHS]).float()
+        advantages = torch.repeat_interleave(torch.tensor([1.0, -0.5, 0.25]), torch.tensor(LENGTHS))
         loss, num_tokens, _ = policy_loss(
             logits,
-            ids,
-            params.cu_seqlens_q,
+            labels,
             old_log_probs=torch.full((sum(LENGTHS),), -5.5),
-            advantages=broadcast_per_sample(torch.tensor([1.0, -0.5, 0.25]), params.cu_seqlens_q),
+            advantages=advantages,
             loss_mask=mask,
             normalizer=int(mask.sum()),
         )

@@ -7,12 +7,7 @@ import math
 import pytest
 import torch
 
-from slime_hydra.train.loss import (
-    broadcast_per_sample,
-    clipped_policy_loss,
-    packed_log_probs,
-    policy_loss,
-)
+from slime_hydra.train.loss import clipped_policy_loss, policy_loss, token_log_probs
 
 
 def _one_token(ratio: float, advantage: float) -> tuple[float, float, float]:
@@ -69,59 +64,31 @@ def test_normalizer_must_be_positive() -> None:
         clipped_policy_loss(torch.zeros(2), torch.zeros(2), torch.ones(2), torch.ones(2), 0)
 
 
-def test_broadcast_per_sample() -> None:
-    cu = torch.tensor([0, 2, 5, 6], dtype=torch.int32)
-    out = broadcast_per_sample(torch.tensor([1.0, -2.0, 3.0]), cu)
-    assert out.tolist() == [1.0, 1.0, -2.0, -2.0, -2.0, 3.0]
-
-
-def test_packed_log_probs_stay_inside_each_sequence() -> None:
+def test_token_log_probs_read_each_label_off_its_own_position() -> None:
     torch.manual_seed(0)
-    lengths, vocab = [3, 1, 4], 7
-    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32)
-    logits = torch.randn(1, 8, vocab)
-    tokens = torch.randint(0, vocab, (8,))
-    got = packed_log_probs(logits, tokens, cu)
-    expected = []
-    for start, length in zip([0, 3, 4], lengths, strict=True):
-        expected.append(0.0)
-        for t in range(start + 1, start + length):
-            expected.append(torch.log_softmax(logits[0, t - 1], -1)[tokens[t]].item())
-    assert got.tolist() == pytest.approx(expected, abs=1e-6)
-
-
-def test_loss_mask_on_a_sequence_start_is_refused() -> None:
-    cu = torch.tensor([0, 2, 4], dtype=torch.int32)
-    mask = torch.tensor([0, 1, 1, 1])
-    with pytest.raises(ValueError, match="first token"):
-        policy_loss(
-            torch.zeros(1, 4, 5),
-            torch.zeros(4, dtype=torch.long),
-            cu,
-            torch.zeros(4),
-            torch.ones(4),
-            mask,
-            normalizer=3,
-        )
+    logits = torch.randn(1, 6, 7)
+    labels = torch.randint(0, 7, (1, 6))
+    expected = [torch.log_softmax(logits[0, t], -1)[labels[0, t]].item() for t in range(6)]
+    assert token_log_probs(logits, labels).tolist() == pytest.approx(expected, abs=1e-6)
 
 
 def _random_samples(num: int, vocab: int, seed: int) -> list[dict[str, torch.Tensor]]:
-    """Per-sample leaf logits, tokens, old log-probs, advantage and a response loss mask."""
+    """Per-sample leaf logits, labels, old log-probs, per-token advantage and a loss mask."""
     gen = torch.Generator().manual_seed(seed)
     samples = []
     for _ in range(num):
         length = int(torch.randint(2, 12, (1,), generator=gen))
         prompt = int(torch.randint(1, length, (1,), generator=gen))
         mask = torch.zeros(length)
-        mask[prompt:] = 1
+        mask[prompt - 1 : -1] = 1  # positions whose label is a response token
         samples.append(
             {
                 "logits": torch.randn(
                     length, vocab, generator=gen, dtype=torch.float64
                 ).requires_grad_(),
-                "tokens": torch.randint(0, vocab, (length,), generator=gen),
+                "labels": torch.randint(0, vocab, (length,), generator=gen),
                 "old": -torch.rand(length, generator=gen, dtype=torch.float64) * 3,
-                "adv": torch.randn(1, generator=gen, dtype=torch.float64),
+                "adv": torch.randn(1, generator=gen, dtype=torch.float64).expand(length),
                 "mask": mask,
             }
         )
@@ -129,15 +96,12 @@ def _random_samples(num: int, vocab: int, seed: int) -> list[dict[str, torch.Ten
 
 
 def _micro_batch_loss(samples: list[dict[str, torch.Tensor]], normalizer: int) -> torch.Tensor:
-    """Pack the samples as THD and return their normalised loss."""
-    lengths = torch.tensor([len(s["tokens"]) for s in samples])
-    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    """Pack the samples as one THD micro-batch and return its normalised loss."""
     loss, _, _ = policy_loss(
         torch.cat([s["logits"] for s in samples]).unsqueeze(0),
-        torch.cat([s["tokens"] for s in samples]),
-        cu,
+        torch.cat([s["labels"] for s in samples]),
         torch.cat([s["old"] for s in samples]),
-        broadcast_per_sample(torch.cat([s["adv"] for s in samples]), cu),
+        torch.cat([s["adv"] for s in samples]),
         torch.cat([s["mask"] for s in samples]),
         normalizer,
     )
