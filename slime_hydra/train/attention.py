@@ -25,7 +25,11 @@ from megatron.core.utils import divide
 
 
 class PackedCausalAttention(MegatronModule):
-    """Drop-in `core_attention` for SelfAttention: causal per packed sequence, any device."""
+    """Drop-in `core_attention` for SelfAttention: causal per packed sequence, any device.
+
+    `layer_number`, `attention_type` and `cp_comm_type` are taken only to match the signature
+    that megatron's layer specs call core attention with.
+    """
 
     def __init__(
         self,
@@ -54,8 +58,6 @@ class PackedCausalAttention(MegatronModule):
         if pg_collection is None:
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
         tp_size = pg_collection.tp.size()
-        self.layer_number = max(1, layer_number)
-        self.attention_type = attention_type
         self.num_heads_per_partition = divide(config.num_attention_heads, tp_size)
         self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
         self.head_dim = config.kv_channels
