@@ -13,11 +13,13 @@ from slime_hydra.schedule.schedule import StepSchedule
 def microbatch_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
     """Fewest micro-batches per rank any cap-respecting schedule needs.
 
-    max(⌈ΣL / (dp·cap)⌉, ⌈#samples over cap/2 ÷ dp⌉), rounded up to the VPP alignment.
+    max(⌈ΣL / (dp·cap)⌉, ⌈#samples over cap/2 ÷ dp⌉), rounded up to the VPP alignment; a sample
+    over the cap (isolated) counts as one micro-batch, not by its tokens.
     """
-    by_tokens = -(-sum(lengths) // (dp * cap))
-    by_halves = -(-sum(1 for n in lengths if 2 * n > cap) // dp)
-    return align_up(max(by_tokens, by_halves, 1), align)
+    over = sum(1 for n in lengths if n > cap)
+    by_tokens = over + -(-sum(n for n in lengths if n <= cap) // cap)
+    by_halves = sum(1 for n in lengths if 2 * n > cap)
+    return align_up(max(-(-max(by_tokens, by_halves) // dp), 1), align)
 
 
 def _imbalance(values: Sequence[float]) -> float:
