@@ -1,0 +1,151 @@
+"""Composition of every config group through Hydra's compose API, and start-up validation."""
+
+from __future__ import annotations
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from slime_hydra.config import build, validate
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.partition import CappedPartitioner
+from slime_hydra.schedule import DynamicBatching, FixedBatching, SlimeLegacyBatching
+
+
+@pytest.mark.parametrize(
+    ("choice", "cls"),
+    [
+        ("dynamic", DynamicBatching),
+        ("fixed", FixedBatching),
+        ("slime_1848", SlimeLegacyBatching),
+        ("slime_1823", SlimeLegacyBatching),
+    ],
+)
+def test_every_batching_choice_composes_and_builds(compose_cfg, choice, cls):
+    cfg = compose_cfg(f"batching={choice}", "batching.global_batch_size=64")
+    _, strategy = validate(cfg)
+    assert isinstance(strategy, cls)
+
+
+def test_legacy_presets_differ_only_in_their_slime_behaviour(compose_cfg):
+    a = compose_cfg("batching=slime_1848").batching
+    b = compose_cfg("batching=slime_1823").batching
+    assert (a.vpp_rounding, a.cap_fallback, b.vpp_rounding, b.cap_fallback) == (
+        "down",
+        False,
+        "up",
+        True,
+    )
+
+
+def test_dynamic_builds_the_partitioner_hydra_instantiates(compose_cfg):
+    cfg = compose_cfg("batching.partitioner.refine_rounds=7")
+    _, strategy = validate(cfg)
+    assert strategy.partitioner == CappedPartitioner(refine_rounds=7)
+
+
+def test_a_user_class_plugs_in_from_the_command_line(compose_cfg):
+    cfg = compose_cfg("batching._target_=tests.unit.test_config.EveryRankOneBatch")
+    _, strategy = validate(cfg)
+    assert type(strategy).__name__ == "EveryRankOneBatch"
+
+
+class EveryRankOneBatch(DynamicBatching):
+    """A user strategy: same constructor, its own plan."""
+
+
+def test_cap_is_per_gpu_times_cp(compose_cfg):
+    _, strategy = validate(compose_cfg("parallel.cp=4", "batching.max_tokens_per_gpu=1000"))
+    assert strategy.cap == 4000
+
+
+@pytest.mark.parametrize(
+    ("choice", "source"),
+    [("synthetic_grpo", "SyntheticGRPO"), ("jsonl", "JsonlTrace")],
+)
+def test_every_data_choice_composes(compose_cfg, choice, source, tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"total_length": 5}\n')
+    overrides = [f"data={choice}"] + ([f"data.path={trace}"] if choice == "jsonl" else [])
+    cfg = compose_cfg(*overrides)
+    loaded = build(cfg.data)
+    assert type(loaded).__name__ == source
+    assert isinstance(loaded.load(), RolloutBatch)
+
+
+@pytest.mark.parametrize("choice", ["console", "jsonl"])
+def test_every_logger_choice_builds(compose_cfg, choice):
+    sink = build(compose_cfg(f"logger={choice}").logger)
+    assert callable(sink.log) and callable(sink.close)
+
+
+@pytest.mark.parametrize("choice", ["tiny", "qwen2_5_7b"])
+def test_every_model_choice_composes(compose_cfg, choice):
+    assert compose_cfg(f"model={choice}").model.name == choice
+
+
+def test_trainer_plan_builds(compose_cfg):
+    assert type(build(compose_cfg("trainer=plan").trainer)).__name__ == "PlanTrainer"
+
+
+def test_parallel_overrides_reach_the_layout(compose_cfg):
+    layout, _ = validate(
+        compose_cfg(
+            "parallel.dp=4",
+            "parallel.pp=2",
+            "parallel.vpp=2",
+            "parallel.microbatch_group_size_per_vp_stage=4",
+        )
+    )
+    assert (layout.dp, layout.pp, layout.vpp, layout.microbatch_alignment) == (4, 2, 2, 4)
+    assert layout.world_size == 8
+
+
+def test_wrong_types_fail_at_composition(compose_cfg):
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        compose_cfg("parallel.dp=two")
+
+
+def test_unknown_keys_fail_at_composition(compose_cfg):
+    with pytest.raises(ConfigCompositionException, match=r"batching\.max_token_per_gpu"):
+        compose_cfg("batching.max_token_per_gpu=5")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["parallel.vpp=2"], "parallel.pp"),
+        (
+            ["parallel.pp=4", "parallel.vpp=2", "parallel.microbatch_group_size_per_vp_stage=2"],
+            "parallel.microbatch_group_size_per_vp_stage to 4",
+        ),
+        (["parallel.tp=0"], "parallel.tp"),
+        (["batching.max_tokens_per_gpu=0"], "batching.max_tokens_per_gpu"),
+        (["batching.max_tokens_per_gpu=-5"], "batching.max_tokens_per_gpu"),
+        (["batching.global_batch_size=0"], "batching.global_batch_size"),
+        (["batching=fixed", "parallel.dp=3", "batching.global_batch_size=64"], "multiple of 3"),
+        (
+            ["batching=fixed", "batching.micro_batch_size=5", "batching.global_batch_size=64"],
+            "batching.micro_batch_size",
+        ),
+        (
+            [
+                "batching=fixed",
+                "batching.micro_batch_size=4",
+                "batching.global_batch_size=48",
+                "parallel.pp=2",
+                "parallel.vpp=2",
+                "parallel.microbatch_group_size_per_vp_stage=4",
+            ],
+            "microbatch_group_size_per_vp_stage=4",
+        ),
+        (["batching.global_batch_size=1"], "parallel.dp=2"),
+        (["batching.global_batch_size=12"], "data.n_samples_per_prompt=8"),
+        (["batching=dynamic", "batching.max_tokens_per_gpu=null"], "batching.max_tokens_per_gpu"),
+    ],
+)
+def test_validation_names_the_override_to_change(compose_cfg, overrides, needle):
+    with pytest.raises(SlimeHydraError) as err:
+        validate(compose_cfg(*overrides))
+    assert needle in str(err.value)
