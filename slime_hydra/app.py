@@ -12,10 +12,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import build, validate
+from slime_hydra.config import build, open_sinks, validate
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.log.jsonl import JsonlSink
-from slime_hydra.log.sink import FanOut
+from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import violations
 from slime_hydra.schedule.dynamic import DynamicBatching, Oversize
 from slime_hydra.train.flops import ModelDims, flops_coefficients
@@ -24,7 +23,20 @@ from slime_hydra.train.job import Job
 log = logging.getLogger("slime_hydra")
 
 
-def plan(cfg: DictConfig, run_dir: Path) -> Job:
+def run_info(cfg: DictConfig) -> RunInfo:
+    """This job's identity from Hydra: run dir, resolved config, overrides, sweep, trainer."""
+    hydra_cfg = HydraConfig.get()
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    return RunInfo(
+        run_dir=Path(hydra_cfg.runtime.output_dir),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        name=hydra_cfg.job.override_dirname or "run",
+        group=Path(hydra_cfg.sweep.dir).name if multirun else None,
+        job_type=hydra_cfg.runtime.choices.get("trainer") or "plan",
+    )
+
+
+def plan(cfg: DictConfig, run: RunInfo) -> Job:
     """Checks, rollout and schedule, before any training; writes config.yaml and schedule.json."""
     layout, strategy = validate(cfg)
     dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
@@ -48,11 +60,11 @@ def plan(cfg: DictConfig, run_dir: Path) -> Job:
             len(broken),
             "; ".join(broken[:3]),
         )
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    (run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
+    OmegaConf.save(cfg, run.run_dir / "config.yaml", resolve=True)
+    (run.run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
     return Job(
         cfg=cfg,
-        run_dir=run_dir,
+        run=run,
         layout=layout,
         strategy=strategy,
         rollout=rollout,
@@ -63,15 +75,14 @@ def plan(cfg: DictConfig, run_dir: Path) -> Job:
 
 def run(cfg: DictConfig) -> None:
     """Plan, then hand the job to the configured trainer with metrics.jsonl and the logger."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    job = plan(cfg, run_dir)
+    job = plan(cfg, run_info(cfg))
     trainer = build(cfg.trainer)
-    sink = FanOut([JsonlSink(run_dir / "metrics.jsonl"), build(cfg.logger)])
+    sink = open_sinks(cfg, job.run)
     try:
         trainer.run(job, sink)
     finally:
         sink.close()
-    log.info("Run dir: %s", run_dir)
+    log.info("Run dir: %s", job.run.run_dir)
 
 
 def main(cfg: DictConfig) -> None:

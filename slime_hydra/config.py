@@ -19,6 +19,8 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from slime_hydra.data.jsonl import JsonlTrace
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.jsonl import JsonlSink
+from slime_hydra.log.sink import FanOut, RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.dynamic import DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
@@ -159,3 +161,8 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
             "set batching.global_batch_size to a multiple of the group size."
         )
     return layout, strategy
+
+
+def open_sinks(cfg: DictConfig, run: RunInfo) -> FanOut:
+    """metrics.jsonl in the run dir (always), then the `logger` group's sink."""
+    return FanOut([JsonlSink(run.run_dir / "metrics.jsonl"), build(cfg.logger, run=run)])

@@ -28,7 +28,7 @@ class SyntheticGRPO:
     response_len_median: int = 1024
     difficulty_sigma: float = 0.8
     sample_sigma: float = 0.5
-    max_response_len: int = 4096
+    max_response_len: int = 3072
     seed: int = 1234
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slime_hydra.log.sink import Metrics
+from slime_hydra.log.sink import Metrics, RunInfo
 
 COLUMNS = (
     ("step", "step", "{:>4}"),
@@ -24,7 +24,8 @@ COLUMNS = (
 class ConsoleSink:
     """Prints a header once, then one row per step, with the columns present in the metrics."""
 
-    def __init__(self) -> None:
+    def __init__(self, run: RunInfo) -> None:
+        del run
         self._columns: list[tuple[str, str, int]] = []
 
     def log(self, metrics: Metrics) -> None:

@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 Metrics = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Who this run is, read from Hydra in the launching process and handed to every sink, so
+    that worker processes (which have no Hydra context) log under the same identity."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    """The resolved job config."""
+    name: str
+    """The job's overrides (or 'run' when there are none)."""
+    group: str | None
+    """The sweep dir name in a multirun, else None."""
+    job_type: str
+    """The trainer mode: plan, cpu or gpu."""
 
 
 class Sink(Protocol):
@@ -17,6 +35,9 @@ class Sink(Protocol):
 
 class NoSink:
     """The `logger=jsonl` choice: nothing beyond the always-on metrics.jsonl."""
+
+    def __init__(self, run: RunInfo) -> None:
+        del run
 
     def log(self, metrics: Metrics) -> None:
         """Drop the metrics."""

@@ -3,20 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from omegaconf import DictConfig
 
 from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
 
 
 @dataclass(frozen=True)
 class Job:
-    """The resolved config, the run dir, the rollout and its schedule, and the FLOPs model."""
+    """The config, the run's identity and dir, the rollout and its schedule, the FLOPs model."""
 
     cfg: DictConfig
-    run_dir: Path
+    run: RunInfo
     layout: ParallelLayout
     strategy: BatchingStrategy
     rollout: RolloutBatch
