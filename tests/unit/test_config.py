@@ -9,6 +9,7 @@ from omegaconf.errors import ValidationError
 from slime_hydra.config import build, validate
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.sink import RunInfo
 from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, FixedBatching, SlimeLegacyBatching
 
@@ -75,9 +76,11 @@ def test_every_data_choice_composes(compose_cfg, choice, source, tmp_path):
 
 
 @pytest.mark.parametrize("choice", ["console", "jsonl"])
-def test_every_logger_choice_builds(compose_cfg, choice):
-    sink = build(compose_cfg(f"logger={choice}").logger)
-    assert callable(sink.log) and callable(sink.close)
+def test_every_logger_choice_builds(compose_cfg, choice, tmp_path):
+    run = RunInfo(run_dir=tmp_path, config={}, name="run", group=None, job_type="plan")
+    sink = build(compose_cfg(f"logger={choice}").logger, run=run)
+    sink.log({"step": 0, "batch/num_microbatches": 3})
+    sink.close()
 
 
 @pytest.mark.parametrize("choice", ["tiny", "qwen2_5_7b"])
