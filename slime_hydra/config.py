@@ -45,6 +45,8 @@ class ParallelConfig:
 @dataclass
 class PartitionerConfig:
     _target_: str = "slime_hydra.partition.CappedPartitioner"
+    tolerance: float = 0.01
+    """Stop balancing once the heaviest micro-batch is within this fraction of the bound."""
     refine_rounds: int | None = None
     """Local-search rounds per packing; null means 4 × the part count."""
 
@@ -106,6 +108,19 @@ class LoggerConfig:
 
 
 @dataclass
+class WandbLoggerConfig(LoggerConfig):
+    """The arguments of slime_hydra.log.wandb.WandbSink (besides the run)."""
+
+    project: str = MISSING
+    entity: str | None = MISSING
+    mode: str | None = MISSING
+    """online | offline | disabled; null means WANDB_MODE if set, else offline."""
+    tags: list[str] | None = MISSING
+    init_timeout: float = MISSING
+    """Seconds wandb.init may wait for the server before the run goes on without wandb."""
+
+
+@dataclass
 class Config:
     batching: Any = MISSING
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -128,6 +143,7 @@ def register_configs() -> None:
     cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
+    cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
 
 
 def build(node: DictConfig, **runtime: Any) -> Any:

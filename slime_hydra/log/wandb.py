@@ -1,0 +1,116 @@
+"""The `logger=wandb` sink: one wandb run per job, offline by default, never fatal to training.
+
+Only the process that trains logs (rank 0 under torchrun), so everything comes from `RunInfo`:
+the resolved config is the run config, the sweep dir names the group, the job's overrides name
+the run and the trainer mode is the job type. Each step logs the metrics as given, plus a
+histogram of that step's micro-batch token counts, read from the run dir's schedule.json; close()
+writes a summary and a table of every micro-batch. Any wandb failure (no network, bad key, bad
+setting) logs one warning and turns the sink off; metrics.jsonl is written by its own sink.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from slime_hydra.log.sink import Metrics, RunInfo
+from slime_hydra.report.rundir import microbatch_tokens, read_schedule, run_summary
+
+log = logging.getLogger(__name__)
+
+
+class WandbSink:
+    """Logs each step to a wandb run made from `run`; warns once and stops if wandb fails."""
+
+    def __init__(
+        self,
+        run: RunInfo,
+        project: str = "slime_hydra",
+        entity: str | None = None,
+        mode: str | None = None,
+        tags: list[str] | None = None,
+        init_timeout: float = 60.0,
+    ) -> None:
+        self._rows: list[Metrics] = []
+        self._schedule = read_schedule(run.run_dir)
+        mode = mode or os.environ.get("WANDB_MODE") or "offline"
+        self._wandb: Any = None
+        self._run: Any = None
+        try:
+            import wandb
+
+            self._wandb = wandb
+            self._run = wandb.init(
+                project=project,
+                entity=entity,
+                mode=mode,
+                dir=run.run_dir,
+                config=run.config,
+                group=run.group,
+                name=run.name,
+                job_type=run.job_type,
+                tags=tags,
+                reinit="finish_previous",
+                settings=wandb.Settings(init_timeout=init_timeout),
+            )
+            self._run.define_metric("step")
+            self._run.define_metric("*", step_metric="step")
+        except Exception as exc:
+            self._fail("start", exc)
+
+    def _fail(self, action: str, exc: Exception) -> None:
+        log.warning(
+            "wandb could not %s (%s: %s); going on without it, metrics.jsonl is complete",
+            action,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
+        self._run = None
+
+    def log(self, metrics: Metrics) -> None:
+        """Log the step's metrics and a histogram of its micro-batch tokens (all ranks)."""
+        self._rows.append(metrics)
+        if self._run is None:
+            return
+        row = dict(metrics)
+        step = metrics["step"]
+        if self._schedule is not None and step < len(self._schedule.steps):
+            tokens = [t for rank in microbatch_tokens(self._schedule, step) for t in rank]
+            row["batch/mb_tokens"] = self._wandb.Histogram(tokens)
+        try:
+            self._run.log(row)
+        except Exception as exc:
+            self._fail("log", exc)
+
+    def close(self) -> None:
+        """Write the run summary and the micro-batch table, then finish the run."""
+        if self._run is None:
+            return
+        try:
+            self._run.summary.update(
+                {f"summary/{k}": v for k, v in run_summary(self._rows).items()}
+            )
+            if self._schedule is not None:
+                self._run.log({"schedule/microbatches": self._microbatch_table()})
+            self._run.finish()
+        except Exception as exc:
+            self._fail("finish", exc)
+
+    def _microbatch_table(self) -> Any:
+        """One row per logged micro-batch: step, rank, index, samples, tokens, cap, over cap."""
+        cap = self._schedule.cap
+        table = self._wandb.Table(
+            columns=["step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap"]
+        )
+        for row in self._rows:
+            step = row["step"]
+            if step >= len(self._schedule.steps):
+                continue
+            ranks = self._schedule.steps[step].ranks
+            for r, rank_tokens in enumerate(microbatch_tokens(self._schedule, step)):
+                for m, tokens in enumerate(rank_tokens):
+                    samples = len(ranks[r][m])
+                    over = cap is not None and samples > 1 and tokens > cap
+                    table.add_data(step, r, m, samples, tokens, cap, over)
+        return table
