@@ -1,0 +1,153 @@
+"""logger=wandb for real, offline: each run read back from its .wandb file, and wandb faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slime_hydra.log.sink import RunInfo
+from slime_hydra.log.wandb import WandbSink
+from tests.wandb_reader import OfflineRun, read_run, wandb_files
+
+pytestmark = pytest.mark.integration
+
+BATCH_KEYS = (
+    "batch/num_microbatches",
+    "batch/num_microbatches_lb",
+    "batch/mb_tokens_max",
+    "batch/mb_tokens_mean",
+    "batch/mb_tokens_min",
+    "batch/token_imbalance",
+    "batch/dp_token_imbalance",
+    "batch/flops_imbalance",
+    "batch/cap_utilization",
+    "batch/cap_violations",
+    "batch/empty_microbatches",
+    "batch/oversize_samples",
+    "batch/plan_ms",
+)
+
+
+def slime_hydra(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`python -m slime_hydra [-m] trainer=plan OVERRIDES` with wandb's home dirs in `tmp`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    for name in ("DIR", "CACHE_DIR", "CONFIG_DIR", "DATA_DIR", "ARTIFACT_DIR"):
+        base[f"WANDB_{name}"] = str(tmp / "wandb_home")
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slime_hydra",
+            *sorted(args, key=lambda a: a != "-m"),
+            "trainer=plan",
+        ],
+        cwd=tmp,
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl of a run dir."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_rows(run: OfflineRun) -> list[dict]:
+    """The history rows that carry the per-step metrics."""
+    return [row for row in run.history if "batch/num_microbatches" in row]
+
+
+def assert_history_matches(run: OfflineRun, run_dir: Path) -> None:
+    """Every DESIGN.md batch/* key of every step, in wandb as in metrics.jsonl."""
+    expected = metrics_rows(run_dir)
+    logged = step_rows(run)
+    assert [r["step"] for r in logged] == [r["step"] for r in expected]
+    for got, want in zip(logged, expected, strict=True):
+        assert {k: got[k] for k in BATCH_KEYS} == {k: want[k] for k in BATCH_KEYS}
+        assert got["batch/mb_tokens/_type"] == "histogram"
+
+
+def test_offline_run_holds_config_history_and_summary(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = slime_hydra(tmp_path, "logger=wandb", "parallel.dp=4", f"hydra.run.dir={run_dir}")
+    assert out.returncode == 0, out.stderr
+    [path] = wandb_files(run_dir)
+    run = read_run(path)
+    assert_history_matches(run, run_dir)
+    assert run.exited
+    assert (run.job_type, run.name, run.group) == (
+        "plan",
+        "logger=wandb,parallel.dp=4,trainer=plan",
+        "",
+    )
+    assert run.config["parallel"]["dp"] == 4
+    assert run.config["batching"]["max_tokens_per_gpu"] == 8192
+    rows = metrics_rows(run_dir)
+    assert run.summary["summary/steps"] == len(rows)
+    assert run.summary["summary/cap_violations_max"] == 0
+    mean = sum(r["batch/num_microbatches"] for r in rows) / len(rows)
+    assert run.summary["summary/num_microbatches_mean"] == pytest.approx(mean)
+    assert run.summary["schedule/microbatches/_type"] == "table-file"
+
+
+def test_two_job_multirun_gives_two_runs_in_one_group(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    out = slime_hydra(
+        tmp_path, "-m", "logger=wandb", "batching=dynamic,slime_1823", f"hydra.sweep.dir={sweep}"
+    )
+    assert out.returncode == 0, out.stderr
+    jobs = sorted(p for p in sweep.iterdir() if (p / "metrics.jsonl").exists())
+    assert [p.name.split(",")[0] for p in jobs] == ["0_batching=dynamic", "1_batching=slime_1823"]
+    runs = []
+    for job in jobs:
+        [path] = wandb_files(job)
+        runs.append(read_run(path))
+        assert_history_matches(runs[-1], job)
+    assert len({r.run_id for r in runs}) == 2
+    assert {r.group for r in runs} == {"sweep"}
+    assert [r.name for r in runs] == [p.name.split("_", 1)[1] for p in jobs]
+
+
+def test_unreachable_wandb_server_leaves_the_run_and_metrics_whole(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = slime_hydra(
+        tmp_path,
+        "logger.mode=online",
+        "logger.init_timeout=2",
+        f"hydra.run.dir={run_dir}",
+        WANDB_API_KEY="x" * 40,
+        WANDB_BASE_URL="http://127.0.0.1:9",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "wandb could not start" in out.stdout
+    schedule = json.loads((run_dir / "schedule.json").read_text())
+    assert [r["step"] for r in metrics_rows(run_dir)] == [s["step"] for s in schedule["steps"]]
+
+
+def test_wandb_dir_under_a_regular_file_leaves_the_run_and_metrics_whole(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "wandb").write_text("a file where wandb wants its dir\n")
+    out = slime_hydra(tmp_path, f"hydra.run.dir={run_dir}", TMPDIR=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert len(metrics_rows(run_dir)) == 4
+    assert wandb_files(tmp_path / "wandb")  # wandb's own fallback: $TMPDIR/wandb
+
+
+def test_an_invalid_mode_warns_once_and_drops_wandb(tmp_path: Path, caplog) -> None:
+    run = RunInfo(tmp_path, {"seed": 1}, "run", None, "plan")
+    sink = WandbSink(run, mode="no-such-mode")
+    sink.log({"step": 0, "batch/num_microbatches": 3})
+    sink.log({"step": 1, "batch/num_microbatches": 4})
+    sink.close()
+    warnings = [r for r in caplog.records if "wandb could not" in r.getMessage()]
+    assert len(warnings) == 1
+    assert not (tmp_path / "wandb").exists()
