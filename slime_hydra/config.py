@@ -24,6 +24,7 @@ from slime_hydra.log.sink import FanOut, RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.dynamic import DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
+from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +143,8 @@ def register_configs() -> None:
     cs.store(group="data", name="base_synthetic_grpo", node=target_schema(SyntheticGRPO))
     cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    cs.store(group="trainer", name="base_cpu", node=target_schema(CpuTrainer))
+    cs.store(group="trainer", name="base_gpu", node=target_schema(GpuTrainer))
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
 

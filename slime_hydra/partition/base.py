@@ -16,7 +16,8 @@ class Partitioner(Protocol):
     """Splits item indices into non-empty parts, each within `cap`, with the count constrained.
 
     The count K returned satisfies K >= min_parts and (K + offset) % align == 0; among such K the
-    smallest one the partitioner can fill is expected, with the largest part as small as it can.
+    smallest one the partitioner can fill is expected, with the largest part as small as it can,
+    though balancing below `floor` (a part the caller already has elsewhere) buys nothing.
     """
 
     def __call__(
@@ -27,6 +28,7 @@ class Partitioner(Protocol):
         align: int = 1,
         offset: int = 0,
         min_parts: int = 1,
+        floor: int = 0,
     ) -> Parts: ...
 
 

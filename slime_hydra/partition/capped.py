@@ -1,7 +1,7 @@
 """Cap-safe balanced partitioning: the fewest non-empty parts within a cap, then the flattest.
 
 For each admissible count K, from the lower bound upwards in steps of the alignment, it tries
-LPT (balanced), then first-fit decreasing and first-fit in input order (feasibility), each
+LPT (balanced), then best-fit decreasing and first-fit in input order (feasibility), each
 followed by a local search that lowers the heaviest part by one move or swap at a time. Any
 move that lowers the heaviest part keeps every part within the cap it already met, so balancing
 never breaks feasibility. First-fit in input order makes the result never need more parts than
@@ -11,11 +11,14 @@ in-order first-fit packing does.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slime_hydra.partition.base import PartitionError, Parts, align_up
-from slime_hydra.partition.greedy import descending, first_fit, lpt
+from slime_hydra.partition.greedy import best_fit, descending, first_fit, lpt
+
+PARTNERS = 8  # lightest parts tried per local-search round
 
 
 def min_parts_bound(weights: Sequence[int], cap: int) -> int:
@@ -63,21 +66,24 @@ def _best_exchange(
     return best
 
 
-def refine(parts: Parts, sums: list[int], weights: Sequence[int], max_rounds: int) -> None:
-    """Lower the heaviest part by single moves or swaps with lighter parts, in place.
+def refine(
+    parts: Parts, sums: list[int], weights: Sequence[int], goal: int, max_rounds: int
+) -> None:
+    """Lower the heaviest part by single moves or swaps with the lightest parts, in place.
 
-    Stops at the lower bound max(max w, ⌈Σw/K⌉), when no exchange helps, or after max_rounds.
+    Stops once the heaviest part is within `goal`, when no exchange helps, or after max_rounds.
     """
-    k = len(parts)
-    bound = max(max(weights), -(-sum(sums) // k)) if weights else 0
+    loads = sums
+    parts_ids = range(len(parts))
     for _ in range(max_rounds):
-        p = max(range(k), key=sums.__getitem__)
-        if sums[p] <= bound:
-            return
-        for q in sorted(range(k), key=sums.__getitem__):
-            gap = sums[p] - sums[q]
+        p = max(parts_ids, key=loads.__getitem__)
+        top = loads[p]
+        if top <= goal:
+            break
+        for q in heapq.nsmallest(PARTNERS, parts_ids, key=loads.__getitem__):
+            gap = top - loads[q]
             if gap <= 1:
-                return
+                break
             i, j, d = _best_exchange(parts[p], parts[q], gap, weights)
             if i is None:
                 continue
@@ -86,11 +92,11 @@ def refine(parts: Parts, sums: list[int], weights: Sequence[int], max_rounds: in
             if j is not None:
                 parts[q].remove(j)
                 parts[p].append(j)
-            sums[p] -= d
-            sums[q] += d
+            loads[p] -= d
+            loads[q] += d
             break
         else:
-            return
+            break
 
 
 def capped_partition(
@@ -100,12 +106,17 @@ def capped_partition(
     align: int = 1,
     offset: int = 0,
     min_parts: int = 1,
+    floor: int = 0,
+    tolerance: float = 0.01,
     refine_rounds: int | None = None,
 ) -> Parts:
     """Split item indices into the fewest non-empty parts each within `cap`, then balance them.
 
-    The count K satisfies K >= min_parts and (K + offset) % align == 0. Raises PartitionError if
-    an item exceeds `cap` or if K would exceed the number of items (some part would be empty).
+    The count K satisfies K >= min_parts and (K + offset) % align == 0. Balancing stops once the
+    heaviest part is within (1 + tolerance) × the bound max(max w, ⌈Σw/K⌉), or within `floor`
+    (a heavier part the caller has elsewhere, which no balancing here can undercut). Raises
+    PartitionError if an item exceeds `cap` or if K would exceed the number of items (some part
+    would be empty).
     """
     n = len(weights)
     if n == 0:
@@ -113,36 +124,59 @@ def capped_partition(
     heaviest = max(weights)
     if heaviest > cap:
         raise PartitionError(f"an item of weight {heaviest} exceeds the cap {cap}")
+    total = sum(weights)
     order = descending(weights)
     k = align_up(max(min_parts, min_parts_bound(weights, cap)), align, offset)
     while k <= n:
+        goal = min(cap, max(floor, int(max(heaviest, -(-total // k)) * (1 + tolerance))))
         rounds = 4 * k if refine_rounds is None else refine_rounds
-        for packing, packing_order in ((lpt, order), (first_fit, order), (first_fit, None)):
-            if packing is lpt:
-                parts = lpt(weights, k, order)
-            else:
-                parts = first_fit(weights, cap, packing_order, max_bins=k)
+        # When balance within tolerance would already touch the cap, any feasible packing is
+        # balanced enough: pack tightly first instead of balancing first.
+        tight = goal == cap
+        packings = (_lpt_packing, _best_fit_decreasing, _first_fit_in_order)
+        for packing in (packings[1], packings[0], packings[2]) if tight else packings:
+            parts = packing(weights, cap, k, order)
             if parts is None:
                 continue
-            parts += [[] for _ in range(k - len(parts))]
-            sums = [sum(weights[i] for i in part) for part in parts]
+            sums = [sum(map(weights.__getitem__, part)) for part in parts]
             _fill_empty(parts, sums, weights)
-            refine(parts, sums, weights, rounds)
+            refine(parts, sums, weights, goal, rounds)
             if max(sums) <= cap:
                 for part in parts:
                     part.sort()
                 return parts
         k += align
     raise PartitionError(
-        f"{n} items cannot fill {k} non-empty parts (at least {min_parts}, aligned to "
-        f"{align} with offset {offset}) within cap {cap}"
+        f"{n} items cannot fill {k - align} or fewer non-empty parts (at least {min_parts}, "
+        f"aligned to {align} with offset {offset}) within cap {cap}"
     )
+
+
+def _lpt_packing(weights: Sequence[int], cap: int, k: int, order: list[int]) -> Parts:
+    """LPT into exactly k parts (balanced, may break the cap)."""
+    del cap
+    return lpt(weights, k, order)
+
+
+def _best_fit_decreasing(
+    weights: Sequence[int], cap: int, k: int, order: list[int]
+) -> Parts | None:
+    """Best-fit, heaviest first, into k bins (tight packing, may leave parts empty)."""
+    return best_fit(weights, cap, k, order)
+
+
+def _first_fit_in_order(weights: Sequence[int], cap: int, k: int, order: list[int]) -> Parts | None:
+    """First-fit in input order into at most k bins: never needs more than a pack-first plan."""
+    del order
+    parts = first_fit(weights, cap, None, max_bins=k)
+    return None if parts is None else parts + [[] for _ in range(k - len(parts))]
 
 
 @dataclass(frozen=True)
 class CappedPartitioner:
-    """The default Partitioner: `capped_partition` with a bound on local-search rounds."""
+    """The default Partitioner: `capped_partition` with its balance tolerance and round bound."""
 
+    tolerance: float = 0.01
     refine_rounds: int | None = None
 
     def __call__(
@@ -153,6 +187,7 @@ class CappedPartitioner:
         align: int = 1,
         offset: int = 0,
         min_parts: int = 1,
+        floor: int = 0,
     ) -> Parts:
         return capped_partition(
             weights,
@@ -160,5 +195,7 @@ class CappedPartitioner:
             align=align,
             offset=offset,
             min_parts=min_parts,
+            floor=floor,
+            tolerance=self.tolerance,
             refine_rounds=self.refine_rounds,
         )

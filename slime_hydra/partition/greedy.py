@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Iterable, Sequence
 
@@ -42,7 +43,7 @@ def first_fit(
     parts: Parts = []
     for i in range(len(weights)) if order is None else order:
         w = weights[i]
-        b = int(np.argmax(room >= w)) if parts else 0
+        b = int((room >= w).argmax()) if parts else 0
         if b < len(parts) and room[b] >= w:
             room[b] -= w
             parts[b].append(i)
@@ -52,4 +53,23 @@ def first_fit(
         b = len(parts)
         room[b] = cap - w
         parts.append([i])
+    return parts
+
+
+def best_fit(weights: Sequence[int], cap: int, k: int, order: Iterable[int]) -> Parts | None:
+    """Each item, in `order`, into the fullest of k bins that still has room under `cap`.
+
+    Returns None when an item fits in no bin. Heaviest-first order makes this best-fit
+    decreasing, which packs as tightly as first-fit decreasing in O(log k) per item.
+    """
+    parts: Parts = [[] for _ in range(k)]
+    rooms = [(cap, b) for b in range(k)]  # sorted by room, then bin
+    for i in order:
+        w = weights[i]
+        at = bisect.bisect_left(rooms, (w, -1))
+        if at == len(rooms):
+            return None
+        room, b = rooms.pop(at)
+        parts[b].append(i)
+        bisect.insort(rooms, (room - w, b))
     return parts

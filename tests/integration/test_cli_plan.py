@@ -1,0 +1,122 @@
+"""Plan mode from the command line: run dir files re-read and re-checked from outside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.integration.cli import run_cli
+
+pytestmark = pytest.mark.integration
+
+BATCH_KEYS = {
+    "batch/num_microbatches",
+    "batch/num_microbatches_lb",
+    "batch/mb_tokens_max",
+    "batch/mb_tokens_mean",
+    "batch/mb_tokens_min",
+    "batch/token_imbalance",
+    "batch/dp_token_imbalance",
+    "batch/flops_imbalance",
+    "batch/cap_utilization",
+    "batch/cap_violations",
+    "batch/empty_microbatches",
+    "batch/oversize_samples",
+    "batch/plan_ms",
+}
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
+    out = run_cli(
+        "trainer=plan",
+        "logger=console",
+        "parallel.dp=4",
+        "batching.max_tokens_per_gpu=6000",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "mb_imb" in out.stdout  # the per-step table
+    assert (tmp_path / "config.yaml").read_text().count("max_tokens_per_gpu: 6000") == 1
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    doc = json.loads((tmp_path / "schedule.json").read_text())
+    assert [r["step"] for r in rows] == [s["step"] for s in doc["steps"]] == [0, 1, 2, 3]
+    lengths, cap = doc["lengths"], doc["cap"]
+    assert cap == 6000 and len(lengths) == 512
+    seen = []
+    for row, step in zip(rows, doc["steps"], strict=True):
+        assert BATCH_KEYS <= row.keys()
+        assert len(step["ranks"]) == 4
+        assert {len(rank) for rank in step["ranks"]} == {step["num_microbatches"]}
+        assert row["batch/num_microbatches"] == step["num_microbatches"]
+        mb_tokens = [sum(lengths[i] for i in mb) for rank in step["ranks"] for mb in rank]
+        assert all(mb for rank in step["ranks"] for mb in rank)
+        assert max(mb_tokens) <= cap == doc["cap"]
+        assert row["batch/mb_tokens_max"] == max(mb_tokens)
+        assert row["batch/cap_violations"] == row["batch/empty_microbatches"] == 0
+        seen += [i for rank in step["ranks"] for mb in rank for i in mb]
+    assert sorted(seen) == list(range(len(lengths)))
+
+
+def test_multirun_gives_one_run_dir_per_job(tmp_path):
+    out = run_cli(
+        "-m",
+        "trainer=plan",
+        "logger=jsonl",
+        "batching=fixed,dynamic",
+        "batching.max_tokens_per_gpu=4096,8192",
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert out.returncode == 0, out.stderr
+    jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(jobs) == 4
+    for job in jobs:
+        assert len(read_jsonl(job / "metrics.jsonl")) == 4
+        assert (job / "schedule.json").is_file() and (job / "config.yaml").is_file()
+    fixed = [j for j in jobs if "batching=fixed" in j.name]
+    assert all(read_jsonl(j / "metrics.jsonl")[0]["batch/cap_violations"] > 0 for j in fixed)
+
+
+def assert_one_paragraph_error(out, *needles):
+    assert out.returncode != 0
+    text = out.stdout + out.stderr
+    assert "Traceback" not in text
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_unknown_override_is_a_short_error():
+    out = run_cli("trainer=plan", "batching.max_token_per_gpu=1")
+    assert_one_paragraph_error(out, "max_token_per_gpu")
+
+
+def test_invalid_json_line_names_file_and_line(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"total_length": 10}\n{"total_length": 12,\n')
+    out = run_cli("trainer=plan", "data=jsonl", f"data.path={trace}", f"hydra.run.dir={tmp_path}/r")
+    assert_one_paragraph_error(out, f"{trace}:2", "not valid JSON")
+    assert not (tmp_path / "r" / "schedule.json").exists()
+
+
+def test_non_positive_length_is_named(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"total_length": 10}\n{"total_length": 0}\n')
+    out = run_cli("trainer=plan", "data=jsonl", f"data.path={trace}", f"hydra.run.dir={tmp_path}/r")
+    assert_one_paragraph_error(out, f"{trace}:2", "total_length=0")
+
+
+def test_empty_rollout_is_named(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n")
+    out = run_cli("trainer=plan", "data=jsonl", f"data.path={trace}", f"hydra.run.dir={tmp_path}/r")
+    assert_one_paragraph_error(out, "rollout is empty")
+
+
+def test_over_cap_sample_stops_before_anything_runs(tmp_path):
+    out = run_cli("trainer=plan", "batching.max_tokens_per_gpu=1024", f"hydra.run.dir={tmp_path}")
+    assert_one_paragraph_error(out, "batching.oversize=isolate", "batching.max_tokens_per_gpu")
+    assert not (tmp_path / "metrics.jsonl").exists()
