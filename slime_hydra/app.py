@@ -12,13 +12,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import build, open_sinks, validate
+from slime_hydra.config import build, validate
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import violations
 from slime_hydra.schedule.dynamic import DynamicBatching, Oversize
 from slime_hydra.train.flops import ModelDims, flops_coefficients
 from slime_hydra.train.job import Job
+from slime_hydra.train.torchrun import is_rank_zero
 
 log = logging.getLogger("slime_hydra")
 
@@ -60,8 +61,9 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
             len(broken),
             "; ".join(broken[:3]),
         )
-    OmegaConf.save(cfg, run.run_dir / "config.yaml", resolve=True)
-    (run.run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
+    if is_rank_zero():  # under torchrun every rank plans; rank 0 alone writes the run dir
+        OmegaConf.save(cfg, run.run_dir / "config.yaml", resolve=True)
+        (run.run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
     return Job(
         cfg=cfg,
         run=run,
@@ -74,14 +76,10 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
 
 
 def run(cfg: DictConfig) -> None:
-    """Plan, then hand the job to the configured trainer with metrics.jsonl and the logger."""
+    """Plan, then hand the job to the configured trainer, which logs through `open_sinks`
+    where its metrics are (this process for plan, rank 0's worker for cpu/gpu)."""
     job = plan(cfg, run_info(cfg))
-    trainer = build(cfg.trainer)
-    sink = open_sinks(cfg, job.run)
-    try:
-        trainer.run(job, sink)
-    finally:
-        sink.close()
+    build(cfg.trainer).run(job)
     log.info("Run dir: %s", job.run.run_dir)
 
 

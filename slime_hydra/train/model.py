@@ -68,6 +68,9 @@ def transformer_config(
         attention_dropout=0.0,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=(
+            parallel_state.get_virtual_pipeline_model_parallel_world_size()
+        ),
         context_parallel_size=parallel_state.get_context_parallel_world_size(),
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype if pp > 1 else None,
@@ -105,8 +108,10 @@ def build_gpt_model(
     device: Device = "cpu",
     vocab_size: int | None = None,
     params_dtype: torch.dtype = torch.float32,
+    vp_stage: int | None = None,
 ) -> GPTModel:
-    """GPTModel for this rank's pipeline stage and TP shard; `vocab_size` overrides the config's."""
+    """GPTModel for this rank's pipeline stage (VPP chunk `vp_stage`) and TP shard;
+    `vocab_size` overrides the config's."""
     dims = model_cfg if isinstance(model_cfg, ModelDims) else ModelDims.from_mapping(model_cfg)
     config = transformer_config(dims, device, params_dtype)
     vocab = padded_vocab_size(
@@ -117,11 +122,12 @@ def build_gpt_model(
         transformer_layer_spec=layer_spec(dims, device),
         vocab_size=vocab,
         max_sequence_length=dims.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
         share_embeddings_and_output_weights=not dims.untie_embeddings_and_output_weights,
         position_embedding_type=dims.position_embedding_type,
         rotary_base=int(dims.rotary_base),
+        vp_stage=vp_stage,
     )
     if device == "cpu":
         model.rotary_pos_emb = CpuRotaryEmbedding(

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from slime_hydra.log.sink import Sink
+from slime_hydra.config import open_sinks
 from slime_hydra.train.job import Job
 
 
 class PlanTrainer:
     """Logs every step's schedule metrics without building a model."""
 
-    def run(self, job: Job, sink: Sink) -> None:
-        """Emit one metrics row per planned step."""
-        for step in job.schedule.steps:
-            sink.log({"step": step.step, **job.batch_metrics(step.step)})
+    def run(self, job: Job) -> None:
+        """Emit one metrics row per planned step to metrics.jsonl and the logger."""
+        sink = open_sinks(job.cfg, job.run)
+        try:
+            for step in job.schedule.steps:
+                sink.log({"step": step.step, **job.batch_metrics(step.step)})
+        finally:
+            sink.close()

@@ -1,0 +1,139 @@
+"""trainer=cpu and trainer=gpu: their settings, the checks before launch, and the hand-off to
+worker processes (started by the elastic launcher here, or already started by torchrun).
+
+Torch is imported only when a run starts, so composing configs and `trainer=plan` stay light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+from omegaconf import OmegaConf
+
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.tokens import synthesize_tokens
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.train.checks import (
+    check_gloo_layout,
+    check_steps,
+    check_trainable,
+    check_vpp,
+    check_world_size,
+)
+from slime_hydra.train.job import Job
+from slime_hydra.train.torchrun import torchrun_env
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CpuTrainer:
+    """Train the policy with megatron-core on gloo: tensor and data parallelism on CPU."""
+
+    nproc_per_node: int = 2
+    """Worker processes the launcher starts; must equal parallel.dp × tp × pp × cp."""
+    lr: float = 1e-3
+    """AdamW learning rate (constant)."""
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping."""
+    eps_clip: float = 0.2
+    """PPO ratio clip below 1."""
+    eps_clip_high: float = 0.28
+    """PPO ratio clip above 1."""
+    max_steps: int | None = None
+    """Train only the first max_steps steps of the schedule; null means all of them."""
+    save_interval: int | None = None
+    """Checkpoint every save_interval steps (and always after the last step)."""
+    resume: bool = False
+    """Continue from the run dir's last checkpoint (pass the same hydra.run.dir)."""
+    max_restarts: int = 0
+    """Times the elastic launcher restarts failed workers; they resume from the last checkpoint."""
+    fail_at_step: int | None = None
+    """Fault injection for tests: the last rank exits at the start of this step, first attempt."""
+
+    backend: ClassVar[str] = "gloo"
+    device: ClassVar[str] = "cpu"
+
+    def num_steps(self, job: Job) -> int:
+        """Steps this run trains: the schedule's, or the first max_steps of them."""
+        total = len(job.schedule.steps)
+        return total if self.max_steps is None else min(self.max_steps, total)
+
+    def check(self, job: Job) -> None:
+        """Everything that can be checked before a worker starts."""
+        self.check_layout(job)
+        env = torchrun_env()
+        if env is None:
+            source = f"trainer.nproc_per_node={self.nproc_per_node}"
+            check_world_size(job.layout, self.nproc_per_node, source)
+        else:
+            check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
+        check_trainable(job.schedule, job.strategy)
+        check_steps(self.num_steps(job), self.save_interval, self.max_steps, self.fail_at_step)
+        if self.resume:
+            from slime_hydra.train.checkpoint import checkpoint_root, latest_step
+
+            if latest_step(job.run.run_dir) is None:
+                raise SlimeHydraError(
+                    f"trainer.resume=true but {checkpoint_root(job.run.run_dir)} holds no "
+                    "checkpoint: pass the earlier run's hydra.run.dir, or drop trainer.resume."
+                )
+
+    def check_layout(self, job: Job) -> None:
+        """gloo runs tp and dp only (checked first, before the world size)."""
+        check_gloo_layout(job.layout)
+
+    def run(self, job: Job) -> None:
+        """Check, give the rollout tokens, then train in torchrun's workers or start our own."""
+        self.check(job)
+        job = dataclasses.replace(
+            job,
+            cfg=OmegaConf.create(OmegaConf.to_container(job.cfg, resolve=True)),
+            rollout=with_tokens(job.rollout, job.cfg.model.vocab_size, job.cfg.seed),
+        )
+        if torchrun_env() is not None:
+            from slime_hydra.train.worker import train
+
+            train(self, job)
+        else:
+            from slime_hydra.train.launch import launch
+
+            launch(self, job)
+
+
+@dataclass
+class GpuTrainer(CpuTrainer):
+    """Train with megatron-core on NCCL GPUs: TP, PP, VPP, CP and DP, Transformer Engine layers."""
+
+    params_dtype: str = "bfloat16"
+    """Model weights' dtype: bfloat16, float16 or float32."""
+
+    backend: ClassVar[str] = "nccl"
+    device: ClassVar[str] = "cuda"
+
+    def check_layout(self, job: Job) -> None:
+        """CUDA must be there; megatron's interleaved schedule constrains the micro-batch count."""
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SlimeHydraError(
+                "trainer=gpu needs CUDA GPUs (NCCL, Transformer Engine), and this machine has "
+                "none. trainer=plan simulates this layout's schedule on CPU; trainer=cpu trains "
+                "the tiny model on CPU ranks."
+            )
+        check_vpp(job.layout, job.schedule)
+
+
+def with_tokens(rollout: RolloutBatch, vocab_size: int, seed: int) -> RolloutBatch:
+    """The rollout when it has tokens, else its lengths filled with the synthetic copy task."""
+    if rollout.tokens is not None:
+        return rollout
+    log.info("The rollout has lengths only: synthesizing copy-task tokens (vocab %d)", vocab_size)
+    tokens = synthesize_tokens(
+        rollout.total_lengths, rollout.response_lengths, rollout.group_ids, vocab_size, seed
+    )
+    return dataclasses.replace(rollout, tokens=tokens)

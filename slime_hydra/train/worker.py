@@ -1,0 +1,102 @@
+"""A training worker process: join the process group, build the model, resume, run the loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from slime_hydra.config import open_sinks
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.train import checkpoint
+from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.engine import Engine
+from slime_hydra.train.flops import ModelDims
+from slime_hydra.train.job import Job
+from slime_hydra.train.loop import run_steps
+from slime_hydra.train.torchrun import TorchrunEnv, torchrun_env
+
+if TYPE_CHECKING:
+    from slime_hydra.train.trainer import CpuTrainer
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(rank: int) -> None:
+    """In a process the launcher spawned (no Hydra logging): INFO on rank 0, warnings elsewhere."""
+    if logging.getLogger().handlers:
+        return
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s",
+    )
+
+
+def check_same_run_dir(job: Job) -> None:
+    """Every rank must write to rank 0's run dir (torchrun ranks compose their configs alone)."""
+    mine = [str(job.run.run_dir.resolve())]
+    theirs = list(mine)
+    dist.broadcast_object_list(theirs, src=0)
+    if theirs != mine:
+        raise SlimeHydraError(
+            f"rank {dist.get_rank()} resolved the run dir {mine[0]} but rank 0 resolved "
+            f"{theirs[0]}: ${{now:}} differs between processes; pass the same "
+            "hydra.run.dir=... to every rank (launch/torchrun.sh does)."
+        )
+
+
+def build_engine(trainer: CpuTrainer, job: Job) -> Engine:
+    """The CPU engine, or megatron's GPU schedules for trainer=gpu."""
+    dims = ModelDims.from_mapping(job.cfg.model)
+    args = (dims, trainer.lr, trainer.weight_decay, trainer.clip_grad)
+    if trainer.device == "cuda":
+        from slime_hydra.train.gpu import GpuEngine
+
+        return GpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high, trainer.params_dtype)
+    from slime_hydra.train.cpu import CpuEngine
+
+    return CpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high)
+
+
+def start_step(trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: Engine) -> int:
+    """0 for a fresh run; the saved step count on resume or after an elastic restart."""
+    run_dir = job.run.run_dir
+    if not (trainer.resume or env.restart_count) or checkpoint.latest_step(run_dir) is None:
+        return 0
+    digest = checkpoint.schedule_digest(job.schedule)
+    steps_done = checkpoint.load(run_dir, env.rank, engine.model, engine.optimizer, digest)
+    if env.rank == 0:
+        log.info("Resuming after step %d (restart %d)", steps_done - 1, env.restart_count)
+    return steps_done
+
+
+@record
+def train(trainer: CpuTrainer, job: Job) -> None:
+    """Worker entry point: the same function under torchrun and under the elastic launcher."""
+    env = torchrun_env()
+    if env is None:
+        raise SlimeHydraError("train() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
+    setup_logging(env.rank)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    layout = job.layout
+    init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
+    try:
+        check_same_run_dir(job)
+        seed_everything(job.cfg.seed)
+        engine = build_engine(trainer, job)
+        start = start_step(trainer, job, env, engine)
+        sink = None
+        if env.rank == 0:
+            checkpoint.truncate_metrics(job.run.run_dir / "metrics.jsonl", start)
+            sink = open_sinks(job.cfg, job.run)
+        try:
+            run_steps(engine, trainer, job, env, start, sink)
+        finally:
+            if sink is not None:
+                sink.close()
+    finally:
+        destroy_distributed()
