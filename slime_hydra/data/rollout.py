@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -12,22 +11,6 @@ from slime_hydra.errors import SlimeHydraError
 
 if TYPE_CHECKING:
     from slime_hydra.data.tokens import RolloutTokens
-
-
-def as_lengths(values: Sequence[object], what: str, where: str) -> np.ndarray:
-    """Return `values` as an int64 array, or name the first sample that is not a positive integer."""
-    if len(values) == 0:
-        raise SlimeHydraError(
-            f"{where} holds no samples: the rollout is empty, nothing to schedule."
-        )
-    out = np.empty(len(values), dtype=np.int64)
-    for i, v in enumerate(values):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v <= 0:
-            raise SlimeHydraError(
-                f"{where}: sample {i} has {what}={v!r}; every {what} must be a positive integer."
-            )
-        out[i] = v
-    return out
 
 
 @dataclass(frozen=True, eq=False)

@@ -49,7 +49,7 @@ def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
     assert cap == 6000 and len(lengths) == 512
     seen = []
     for row, step in zip(rows, doc["steps"], strict=True):
-        assert BATCH_KEYS <= row.keys()
+        assert row.keys() >= BATCH_KEYS
         assert len(step["ranks"]) == 4
         assert {len(rank) for rank in step["ranks"]} == {step["num_microbatches"]}
         assert row["batch/num_microbatches"] == step["num_microbatches"]
@@ -77,8 +77,9 @@ def test_multirun_gives_one_run_dir_per_job(tmp_path):
     for job in jobs:
         assert len(read_jsonl(job / "metrics.jsonl")) == 4
         assert (job / "schedule.json").is_file() and (job / "config.yaml").is_file()
-    fixed = [j for j in jobs if "batching=fixed" in j.name]
-    assert all(read_jsonl(j / "metrics.jsonl")[0]["batch/cap_violations"] > 0 for j in fixed)
+    # fixed batching ignores the cap, so at 4096 tokens the metrics show it breaking it.
+    (fixed_4096,) = [j for j in jobs if "batching=fixed" in j.name and "4096" in j.name]
+    assert sum(r["batch/cap_violations"] for r in read_jsonl(fixed_4096 / "metrics.jsonl")) > 0
 
 
 def assert_one_paragraph_error(out, *needles):

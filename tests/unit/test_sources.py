@@ -60,5 +60,5 @@ def test_jsonl_errors_name_the_problem(tmp_path, text, needle):
 
 
 def test_jsonl_missing_file_names_the_override(tmp_path):
-    with pytest.raises(SlimeHydraError, match="data.path"):
+    with pytest.raises(SlimeHydraError, match=r"data\.path"):
         JsonlTrace(str(tmp_path / "nope.jsonl")).load()
