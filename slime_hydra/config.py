@@ -16,8 +16,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from slime_hydra.data.jsonl import JsonlTrace
+from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import FanOut, RunInfo
@@ -142,6 +143,8 @@ def register_configs() -> None:
     cs.store(group="batching", name="base_legacy", node=LegacyBatchingConfig)
     cs.store(group="data", name="base_synthetic_grpo", node=target_schema(SyntheticGRPO))
     cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
+    cs.store(group="data", name="base_parquet", node=target_schema(ParquetTrace))
+    cs.store(group="data", name="base_slime_dump", node=target_schema(SlimeDump))
     cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
     cs.store(group="trainer", name="base_cpu", node=target_schema(CpuTrainer))
     cs.store(group="trainer", name="base_gpu", node=target_schema(GpuTrainer))

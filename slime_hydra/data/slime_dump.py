@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,13 +23,15 @@ from slime_hydra.errors import SlimeHydraError
 _MISSING = object()
 
 
+@dataclass(frozen=True)
 class SlimeDump:
     """A slime debug rollout dump on disk; `load()` turns it into a RolloutBatch with tokens."""
 
-    def __init__(self, path: str, trust_pickle: bool = False, reward_key: str | None = None):
-        self.path = path
-        self.trust_pickle = trust_pickle
-        self.reward_key = reward_key
+    path: str
+    trust_pickle: bool = False
+    """Allow full unpickling (can run arbitrary code): only for files you trust."""
+    reward_key: str | None = None
+    """Which entry of a dict-valued reward to train on."""
 
     def _read(self) -> object:
         """The file's object, unpickling arbitrary classes only when the user trusts the file."""

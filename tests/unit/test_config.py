@@ -63,12 +63,35 @@ def test_cap_is_per_gpu_times_cp(compose_cfg):
 
 @pytest.mark.parametrize(
     ("choice", "source"),
-    [("synthetic_grpo", "SyntheticGRPO"), ("jsonl", "JsonlTrace")],
+    [
+        ("synthetic_grpo", "SyntheticGRPO"),
+        ("jsonl", "JsonlTrace"),
+        ("parquet", "ParquetTrace"),
+        ("slime_dump", "SlimeDump"),
+    ],
 )
 def test_every_data_choice_composes(compose_cfg, choice, source, tmp_path):
-    trace = tmp_path / "t.jsonl"
-    trace.write_text('{"total_length": 5}\n')
-    overrides = [f"data={choice}"] + ([f"data.path={trace}"] if choice == "jsonl" else [])
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import torch
+
+    files = {
+        "jsonl": tmp_path / "t.jsonl",
+        "parquet": tmp_path / "t.pq",
+        "slime_dump": tmp_path / "d.pt",
+    }
+    files["jsonl"].write_text('{"total_length": 5}\n')
+    pq.write_table(pa.table({"total_length": [5]}), files["parquet"])
+    sample = {
+        "tokens": [1, 2, 3],
+        "response_length": 1,
+        "reward": 1.0,
+        "loss_mask": [1],
+        "index": 0,
+        "group_index": 0,
+    }
+    torch.save({"rollout_id": 0, "samples": [sample]}, files["slime_dump"])
+    overrides = [f"data={choice}"] + ([f"data.path={files[choice]}"] if choice in files else [])
     cfg = compose_cfg(*overrides)
     loaded = build(cfg.data)
     assert type(loaded).__name__ == source

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slime_hydra.data.jsonl import JsonlTrace
 from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
 
 
@@ -46,7 +46,7 @@ def test_jsonl_reads_lengths_groups_and_steps(tmp_path):
         ('{"total_length": -1}\n', "total_length=-1"),
         ('{"total_length": true}\n', "total_length=True"),
         ('{"response_length": 3}\n', "total_length field"),
-        ('{"total_length": 5, "step": 0}\n{"total_length": 5}\n', "`step` is on some lines"),
+        ('{"total_length": 5, "step": 0}\n{"total_length": 5}\n', "`step` is on some records"),
         ('{"total_length": 5, "response_length": 9}\n', "longer than its total_length"),
         ("", "rollout is empty"),
     ],
@@ -62,3 +62,29 @@ def test_jsonl_errors_name_the_problem(tmp_path, text, needle):
 def test_jsonl_missing_file_names_the_override(tmp_path):
     with pytest.raises(SlimeHydraError, match=r"data\.path"):
         JsonlTrace(str(tmp_path / "nope.jsonl")).load()
+
+
+def test_parquet_trace_reads_the_same_fields(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    table = pa.table({"total_length": [10, 7], "response_length": [4, None], "group": [3, 3]})
+    pq.write_table(table, path)
+    batch = ParquetTrace(str(path)).load()
+    assert list(batch.total_lengths) == [10, 7]
+    assert list(batch.response_lengths) == [4, 7]
+    assert batch.step_ids is None
+
+
+def test_parquet_bad_row_and_bad_file_are_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"total_length": [10, -3]}), path)
+    with pytest.raises(SlimeHydraError, match="row 1: total_length=-3"):
+        ParquetTrace(str(path)).load()
+    path.write_text("not parquet")
+    with pytest.raises(SlimeHydraError, match="not a readable Parquet file"):
+        ParquetTrace(str(path)).load()

@@ -1,0 +1,101 @@
+"""Length traces (JSON Lines or Parquet): one record per sample, for planning from real logs.
+
+Each record has `total_length` (required) and optionally `response_length`, `group` and `step`.
+A sample without `group` is its own group; `step`, when every record has it, fixes the steps.
+Tokens are not part of a trace: a trainer synthesises them from the lengths.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.errors import SlimeHydraError
+
+
+def _positive_int(record: dict, key: str, at: str) -> int:
+    value = record[key]
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+        raise SlimeHydraError(f"{at}: {key}={value!r} is not a positive integer.")
+    return int(value)
+
+
+def _existing(path: str) -> Path:
+    if not Path(path).is_file():
+        raise SlimeHydraError(f"data.path={path!r} is not a file.")
+    return Path(path)
+
+
+def records_to_batch(records: Iterable[tuple[str, object]], source: Path) -> RolloutBatch:
+    """Validate (where, record) pairs into a RolloutBatch, naming the first bad record."""
+    total, response, groups, steps = [], [], [], []
+    for at, record in records:
+        if not isinstance(record, dict) or "total_length" not in record:
+            raise SlimeHydraError(f"{at}: each record must be an object with a total_length field.")
+        n = _positive_int(record, "total_length", at)
+        total.append(n)
+        has_response = record.get("response_length") is not None
+        response.append(_positive_int(record, "response_length", at) if has_response else n)
+        group = record.get("group")
+        groups.append(-len(total) if group is None else group)
+        steps.append(record.get("step"))
+    if not total:
+        raise SlimeHydraError(
+            f"{source} holds no samples: the rollout is empty, nothing to schedule."
+        )
+    has_steps = [s is not None for s in steps]
+    if any(has_steps) and not all(has_steps):
+        raise SlimeHydraError(
+            f"{source}: `step` is on some records but not all; give it on every one or none."
+        )
+    return RolloutBatch(
+        total_lengths=np.asarray(total, dtype=np.int64),
+        response_lengths=np.asarray(response, dtype=np.int64),
+        group_ids=np.asarray(groups, dtype=np.int64),
+        step_ids=np.asarray(steps, dtype=np.int64) if all(has_steps) else None,
+    )
+
+
+@dataclass(frozen=True)
+class JsonlTrace:
+    """A trace in JSON Lines: one object per line; blank lines are skipped."""
+
+    path: str
+
+    def _records(self, path: Path) -> Iterator[tuple[str, object]]:
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"{path}:{lineno}", json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SlimeHydraError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
+
+    def load(self) -> RolloutBatch:
+        """Parse the file, naming file and line of the first bad record."""
+        path = _existing(self.path)
+        return records_to_batch(self._records(path), path)
+
+
+@dataclass(frozen=True)
+class ParquetTrace:
+    """A trace in Parquet: one row per sample, the fields as columns."""
+
+    path: str
+
+    def load(self) -> RolloutBatch:
+        """Read the table, naming file and row of the first bad record."""
+        import pyarrow.parquet as pq  # only this source needs pyarrow
+
+        path = _existing(self.path)
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except Exception as exc:  # pyarrow raises several types for a file it cannot read
+            raise SlimeHydraError(f"{path}: not a readable Parquet file ({exc}).") from None
+        return records_to_batch(((f"{path} row {r}", row) for r, row in enumerate(rows)), path)
