@@ -19,6 +19,8 @@ from slime_hydra.report.rundir import microbatch_tokens, read_schedule, run_summ
 
 log = logging.getLogger(__name__)
 
+TABLE_COLUMNS = ("step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap")
+
 
 class WandbSink:
     """Logs each step to a wandb run made from `run`; warns once and stops if wandb fails."""
@@ -34,8 +36,7 @@ class WandbSink:
     ) -> None:
         self._rows: list[Metrics] = []
         self._schedule = read_schedule(run.run_dir)
-        mode = mode or os.environ.get("WANDB_MODE") or "offline"
-        self._wandb: Any = None
+        self._ok = True
         self._run: Any = None
         try:
             import wandb
@@ -44,7 +45,7 @@ class WandbSink:
             self._run = wandb.init(
                 project=project,
                 entity=entity,
-                mode=mode,
+                mode=mode or os.environ.get("WANDB_MODE") or "offline",
                 dir=run.run_dir,
                 config=run.config,
                 group=run.group,
@@ -60,51 +61,61 @@ class WandbSink:
             self._fail("start", exc)
 
     def _fail(self, action: str, exc: Exception) -> None:
-        log.warning(
-            "wandb could not %s (%s: %s); going on without it, metrics.jsonl is complete",
-            action,
-            type(exc).__name__,
-            str(exc).splitlines()[0] if str(exc) else "",
-        )
-        self._run = None
+        """Warn (the first time only) and stop sending to wandb."""
+        if self._ok:
+            log.warning(
+                "wandb could not %s (%s: %s); going on without it, metrics.jsonl is complete",
+                action,
+                type(exc).__name__,
+                str(exc).splitlines()[0] if str(exc) else "",
+            )
+        self._ok = False
 
     def log(self, metrics: Metrics) -> None:
         """Log the step's metrics and a histogram of its micro-batch tokens (all ranks)."""
         self._rows.append(metrics)
-        if self._run is None:
+        if not self._ok:
             return
-        row = dict(metrics)
-        step = metrics["step"]
-        if self._schedule is not None and step < len(self._schedule.steps):
-            tokens = [t for rank in microbatch_tokens(self._schedule, step) for t in rank]
-            row["batch/mb_tokens"] = self._wandb.Histogram(tokens)
         try:
+            row = dict(metrics)
+            step = metrics["step"]
+            if self._schedule is not None and step < len(self._schedule.steps):
+                tokens = [t for rank in microbatch_tokens(self._schedule, step) for t in rank]
+                row["batch/mb_tokens"] = self._wandb.Histogram(tokens)
             self._run.log(row)
         except Exception as exc:
             self._fail("log", exc)
 
     def close(self) -> None:
         """Write the run summary and the micro-batch table, then finish the run."""
-        if self._run is None:
-            return
-        try:
-            self._run.summary.update(
-                {f"summary/{k}": v for k, v in run_summary(self._rows).items()}
-            )
-            if self._schedule is not None:
-                self._run.log({"schedule/microbatches": self._microbatch_table()})
-            self._run.finish()
-        except Exception as exc:
-            self._fail("finish", exc)
+        if self._ok:
+            try:
+                self._run.summary.update(
+                    {f"summary/{k}": v for k, v in run_summary(self._rows).items()}
+                )
+                rows = self._microbatch_rows()
+                if 0 < len(rows) <= self._wandb.Table.MAX_ROWS:
+                    table = self._wandb.Table(columns=list(TABLE_COLUMNS), data=rows)
+                    self._run.log({"schedule/microbatches": table})
+                elif rows:
+                    log.info("No wandb micro-batch table: %d rows is over its limit", len(rows))
+            except Exception as exc:
+                self._fail("write the summary", exc)
+        if self._run is not None:
+            try:
+                self._run.finish()
+            except Exception as exc:
+                self._fail("finish", exc)
+            self._run = None
 
-    def _microbatch_table(self) -> Any:
-        """One row per logged micro-batch: step, rank, index, samples, tokens, cap, over cap."""
+    def _microbatch_rows(self) -> list[list[Any]]:
+        """One row per logged micro-batch (`TABLE_COLUMNS`), from schedule.json."""
+        if self._schedule is None:
+            return []
         cap = self._schedule.cap
-        table = self._wandb.Table(
-            columns=["step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap"]
-        )
-        for row in self._rows:
-            step = row["step"]
+        rows = []
+        for metrics in self._rows:
+            step = metrics["step"]
             if step >= len(self._schedule.steps):
                 continue
             ranks = self._schedule.steps[step].ranks
@@ -112,5 +123,5 @@ class WandbSink:
                 for m, tokens in enumerate(rank_tokens):
                     samples = len(ranks[r][m])
                     over = cap is not None and samples > 1 and tokens > cap
-                    table.add_data(step, r, m, samples, tokens, cap, over)
-        return table
+                    rows.append([step, r, m, samples, tokens, cap, over])
+        return rows
