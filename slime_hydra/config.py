@@ -25,7 +25,6 @@ from slime_hydra.log.sink import FanOut, RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.dynamic import DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
-from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +99,6 @@ def target_schema(cls: type) -> type:
 
 
 @dataclass
-class TrainerConfig:
-    _target_: str = "slime_hydra.train.plan.PlanTrainer"
-
-
-@dataclass
 class LoggerConfig:
     _target_: str = MISSING
 
@@ -145,7 +139,11 @@ def register_configs() -> None:
     cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
     cs.store(group="data", name="base_parquet", node=target_schema(ParquetTrace))
     cs.store(group="data", name="base_slime_dump", node=target_schema(SlimeDump))
-    cs.store(group="trainer", name="base_trainer", node=TrainerConfig)
+    # Imported here: the trainers import this module (for open_sinks) in turn.
+    from slime_hydra.train.plan import PlanTrainer
+    from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
+
+    cs.store(group="trainer", name="base_plan", node=target_schema(PlanTrainer))
     cs.store(group="trainer", name="base_cpu", node=target_schema(CpuTrainer))
     cs.store(group="trainer", name="base_gpu", node=target_schema(GpuTrainer))
     cs.store(group="logger", name="base_logger", node=LoggerConfig)

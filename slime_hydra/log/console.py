@@ -16,6 +16,8 @@ COLUMNS = (
     ("batch/cap_violations", "over", "{:>4}"),
     ("batch/empty_microbatches", "empty", "{:>5}"),
     ("batch/plan_ms", "plan_ms", "{:>7.2f}"),
+    ("sim/step_s", "sim_s", "{:>7.3f}"),
+    ("sim/bubble_frac", "bubble", "{:>6.3f}"),
     ("train/loss", "loss", "{:>8.4f}"),
     ("perf/step_s", "step_s", "{:>6.2f}"),
 )

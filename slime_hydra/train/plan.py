@@ -1,19 +1,59 @@
-"""trainer=plan: simulate any cluster layout in one process; metrics come from the schedule."""
+"""trainer=plan: simulate any cluster layout in one process, from the schedule and a cost model."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from slime_hydra.config import open_sinks
+from slime_hydra.partition.workload import flops_workloads
+from slime_hydra.schedule import StepSchedule
+from slime_hydra.schedule.pipeline import simulate_pipeline
 from slime_hydra.train.job import Job
 
 
+@dataclass(frozen=True)
 class PlanTrainer:
-    """Logs every step's schedule metrics without building a model."""
+    """Logs every step's schedule metrics and its simulated pipeline time, without a model."""
+
+    achieved_tflops: float = 400.0
+    """Sustained dense TFLOP/s of one GPU (e.g. ~40% of an H100's bf16 peak)."""
 
     def run(self, job: Job) -> None:
         """Emit one metrics row per planned step to metrics.jsonl and the logger."""
         sink = open_sinks(job.cfg, job.run)
         try:
             for step in job.schedule.steps:
-                sink.log({"step": step.step, **job.batch_metrics(step.step)})
+                sink.log(
+                    {"step": step.step, **job.batch_metrics(step.step), **self.simulate(job, step)}
+                )
         finally:
             sink.close()
+
+    def simulate(self, job: Job, step: StepSchedule) -> dict[str, float | int]:
+        """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
+        pipeline stages of all DP ranks over it, and the peak micro-batch tokens per GPU."""
+        layout, lengths = job.layout, job.schedule.lengths
+        linear, quadratic = job.flops_coefficients
+        # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
+        per_s = 3 * self.achieved_tflops * 1e12 * layout.tp * layout.cp
+        timings = [
+            simulate_pipeline(
+                [
+                    sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) / per_s
+                    for mb in rank
+                ],
+                layout.pp,
+                layout.vpp,
+                layout.vp_group_size,
+            )
+            for rank in step.ranks
+        ]
+        step_s = max(t.step_s for t in timings)
+        busy = sum(sum(t.busy_s) for t in timings)
+        peak = max(sum(lengths[i] for i in mb) for rank in step.ranks for mb in rank)
+        return {
+            "sim/step_s": step_s,
+            "sim/bubble_frac": 1 - busy / (len(timings) * layout.pp * step_s) if step_s else 0.0,
+            "sim/peak_tokens": peak // layout.cp,
+            "sim/slowest_dp_rank": max(range(len(timings)), key=lambda r: timings[r].step_s),
+        }
