@@ -34,7 +34,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
-        nproc_per_node=trainer.nproc_per_node,
+        nproc_per_node=trainer.num_procs(job),
         run_id=f"slime_hydra-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=f"127.0.0.1:{port}",
@@ -43,7 +43,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     )
     log.info(
         "Launching %d %s workers (rendezvous 127.0.0.1:%d, max_restarts=%d)",
-        trainer.nproc_per_node,
+        trainer.num_procs(job),
         trainer.backend,
         port,
         trainer.max_restarts,

@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 class CpuTrainer:
     """Train the policy with megatron-core on gloo: tensor and data parallelism on CPU."""
 
-    nproc_per_node: int = 2
-    """Worker processes the launcher starts; must equal parallel.dp × tp × pp × cp."""
+    nproc_per_node: int | None = None
+    """Worker processes the launcher starts; null means the layout's dp × tp × pp × cp."""
     lr: float = 1e-3
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0
@@ -58,6 +58,10 @@ class CpuTrainer:
     backend: ClassVar[str] = "gloo"
     device: ClassVar[str] = "cpu"
 
+    def num_procs(self, job: Job) -> int:
+        """Workers to start on this node: nproc_per_node, or the layout's world size."""
+        return job.layout.world_size if self.nproc_per_node is None else self.nproc_per_node
+
     def num_steps(self, job: Job) -> int:
         """Steps this run trains: the schedule's, or the first max_steps of them."""
         total = len(job.schedule.steps)
@@ -68,8 +72,8 @@ class CpuTrainer:
         self.check_layout(job)
         env = torchrun_env()
         if env is None:
-            source = f"trainer.nproc_per_node={self.nproc_per_node}"
-            check_world_size(job.layout, self.nproc_per_node, source)
+            source = f"trainer.nproc_per_node={self.num_procs(job)}"
+            check_world_size(job.layout, self.num_procs(job), source)
         else:
             check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
         check_trainable(job.schedule, job.strategy)
