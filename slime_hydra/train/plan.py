@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from slime_hydra.config import open_sinks
@@ -17,17 +18,27 @@ class PlanTrainer:
 
     achieved_tflops: float = 400.0
     """Sustained dense TFLOP/s of one GPU (e.g. ~40% of an H100's bf16 peak)."""
+    microbatch_overhead_ms: float = 2.0
+    """Fixed forward+backward cost of one micro-batch (launches, small matmuls, p2p set-up)."""
 
-    def run(self, job: Job) -> None:
-        """Emit one metrics row per planned step to metrics.jsonl and the logger."""
+    def run(self, job: Job) -> float:
+        """Emit one metrics row per planned step to metrics.jsonl and the logger; return the
+        simulated seconds of all steps, +inf if a micro-batch breaks the cap or is empty."""
         sink = open_sinks(job.cfg, job.run)
+        total = 0.0
         try:
             for step in job.schedule.steps:
-                sink.log(
-                    {"step": step.step, **job.batch_metrics(step.step), **self.simulate(job, step)}
-                )
+                metrics = {
+                    "step": step.step,
+                    **job.batch_metrics(step.step),
+                    **self.simulate(job, step),
+                }
+                sink.log(metrics)
+                broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
+                total += math.inf if broken else metrics["sim/step_s"]
         finally:
             sink.close()
+        return total
 
     def simulate(self, job: Job, step: StepSchedule) -> dict[str, float | int]:
         """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
@@ -36,10 +47,12 @@ class PlanTrainer:
         linear, quadratic = job.flops_coefficients
         # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
         per_s = 3 * self.achieved_tflops * 1e12 * layout.tp * layout.cp
+        overhead_s = self.microbatch_overhead_ms / 3e3  # the forward's third of it
         timings = [
             simulate_pipeline(
                 [
                     sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) / per_s
+                    + overhead_s
                     for mb in rank
                 ],
                 layout.pp,
