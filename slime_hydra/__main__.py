@@ -10,9 +10,10 @@ register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    """Hydra's entry point; the work is in slime_hydra.app."""
-    app.main(cfg)
+def main(cfg: DictConfig) -> float | None:
+    """Hydra's entry point; the work is in slime_hydra.app. The return value is the objective
+    a sweeper (e.g. optuna) minimises."""
+    return app.main(cfg)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -75,22 +76,24 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
     )
 
 
-def run(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> float | None:
     """Plan, then hand the job to the configured trainer, which logs through `open_sinks`
-    where its metrics are (this process for plan, rank 0's worker for cpu/gpu)."""
+    where its metrics are (this process for plan, rank 0's worker for cpu/gpu). Returns the
+    trainer's objective for sweepers (plan mode: simulated seconds), if it has one."""
     job = plan(cfg, run_info(cfg))
-    build(cfg.trainer).run(job)
+    objective = build(cfg.trainer).run(job)
     log.info("Run dir: %s", job.run.run_dir)
+    return objective
 
 
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
     """Run, turning a user error into one paragraph: exit 1 in a single run; in a sweep, fail
-    only this job (its error.txt says why) and go on with the others."""
+    only this job (its error.txt says why, its objective is +inf) and go on with the others."""
     try:
-        run(cfg)
+        return run(cfg)
     except SlimeHydraError as exc:
         log.error("%s", exc)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             Path(HydraConfig.get().runtime.output_dir, "error.txt").write_text(f"{exc}\n")
-            return
+            return math.inf
         sys.exit(1)

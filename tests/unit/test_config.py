@@ -175,3 +175,26 @@ def test_validation_names_the_override_to_change(compose_cfg, overrides, needle)
     with pytest.raises(SlimeHydraError) as err:
         validate(compose_cfg(*overrides))
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("exp", ["grpo_7b", "grpo_7b_pp2_vpp2"])
+@pytest.mark.parametrize("choice", ["dynamic", "fixed", "slime_1848", "slime_1823"])
+def test_experiments_validate_with_every_batching_choice(compose_cfg, exp, choice):
+    cfg = compose_cfg(
+        f"+exp={exp}",
+        f"batching={choice}",
+        "batching.micro_batch_size=4" if choice == "fixed" else "seed=1",
+    )
+    layout, _ = validate(cfg)
+    assert layout.world_size == 8
+    assert cfg.model.name == "qwen2_5_7b"
+
+
+def test_grpo_7b_is_the_issue_layout(compose_cfg):
+    cfg = compose_cfg("+exp=grpo_7b")
+    layout, strategy = validate(cfg)
+    assert (layout.dp, layout.tp, layout.pp, layout.cp) == (2, 2, 1, 2)
+    assert strategy.cap == 4608 * 2 and strategy.global_batch_size == 256
+    assert cfg.data.num_prompts * cfg.data.n_samples_per_prompt == 256
+    assert cfg.data.max_response_len == 8192
+    assert cfg.trainer._target_.endswith("GpuTrainer")
