@@ -35,10 +35,11 @@ class WandbSink:
         init_timeout: float = 60.0,
     ) -> None:
         self._rows: list[Metrics] = []
-        self._schedule = read_schedule(run.run_dir)
+        self._schedule = None
         self._ok = True
         self._run: Any = None
         try:
+            self._schedule = read_schedule(run.run_dir)
             import wandb
 
             self._wandb = wandb

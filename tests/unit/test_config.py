@@ -98,10 +98,15 @@ def test_every_data_choice_composes(compose_cfg, choice, source, tmp_path):
     assert isinstance(loaded.load(), RolloutBatch)
 
 
-@pytest.mark.parametrize("choice", ["console", "jsonl"])
+@pytest.mark.parametrize("choice", ["console", "jsonl", "none", "wandb"])
 def test_every_logger_choice_builds(compose_cfg, choice, tmp_path):
     run = RunInfo(run_dir=tmp_path, config={}, name="run", group=None, job_type="plan")
-    sink = build(compose_cfg(f"logger={choice}").logger, run=run)
+    sink = build(
+        compose_cfg(
+            f"logger={choice}", "logger.mode=offline" if choice == "wandb" else "seed=1"
+        ).logger,
+        run=run,
+    )
     sink.log({"step": 0, "batch/num_microbatches": 3})
     sink.close()
 
