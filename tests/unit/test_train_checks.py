@@ -1,0 +1,146 @@
+"""trainer=cpu/gpu refuse what cannot run before any worker starts; checkpoints' metrics cut."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from slime_hydra import app
+from slime_hydra.config import build
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.sink import RunInfo
+from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, StepSchedule
+from slime_hydra.train.checkpoint import truncate_metrics
+from slime_hydra.train.checks import check_trainable, check_vpp, check_world_size
+from slime_hydra.train.job import Job
+from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
+
+SMALL = ("data.num_prompts=4", "data.n_samples_per_prompt=4", "batching.global_batch_size=8")
+
+
+@pytest.fixture
+def job_of(compose_cfg, tmp_path):
+    """job_of(*overrides) -> (trainer, Job) planned as the app does, in tmp_path."""
+
+    def _job(*overrides: str) -> tuple[CpuTrainer, Job]:
+        cfg = compose_cfg(*SMALL, *overrides)
+        run = RunInfo(tmp_path, OmegaConf.to_container(cfg), "test", None, "cpu")
+        return build(cfg.trainer), app.plan(cfg, run)
+
+    return _job
+
+
+def test_cpu_is_the_default_trainer(compose_cfg):
+    trainer = build(compose_cfg().trainer)
+    assert type(trainer) is CpuTrainer and trainer.nproc_per_node is None
+    assert type(build(compose_cfg("trainer=gpu").trainer)) is GpuTrainer
+
+
+def test_a_misspelt_trainer_key_fails_at_composition(compose_cfg):
+    with pytest.raises(Exception, match="nproc_per_nod"):
+        compose_cfg("trainer.nproc_per_nod=2")
+
+
+def test_world_size_mismatch_names_the_overrides(job_of):
+    trainer, job = job_of("trainer.nproc_per_node=3")
+    with pytest.raises(SlimeHydraError, match=r"trainer\.nproc_per_node=3.*parallel\.dp"):
+        trainer.check(job)
+
+
+@pytest.mark.parametrize("override", ["parallel.pp=2", "parallel.cp=2"])
+def test_cpu_trainer_asks_for_gpu_for_pp_and_cp(job_of, override):
+    trainer, job = job_of(override, "parallel.dp=1", "trainer.nproc_per_node=2")
+    with pytest.raises(SlimeHydraError, match=rf"{override}.*trainer=gpu"):
+        trainer.check(job)
+
+
+def test_gpu_trainer_without_cuda_stops_at_once(job_of):
+    trainer, job = job_of("trainer=gpu")
+    with pytest.raises(SlimeHydraError, match=r"needs CUDA.*trainer=plan"):
+        trainer.check(job)
+
+
+def test_resume_without_a_checkpoint_is_refused(job_of):
+    trainer, job = job_of("trainer.resume=true")
+    with pytest.raises(SlimeHydraError, match="holds no checkpoint"):
+        trainer.check(job)
+
+
+def test_fault_step_must_be_inside_the_run(job_of):
+    trainer, job = job_of("trainer.fail_at_step=9")
+    with pytest.raises(SlimeHydraError, match=r"fail_at_step=9.*\[0, 2\)"):
+        trainer.check(job)
+
+
+def test_a_sound_job_passes(job_of):
+    trainer, job = job_of("trainer.save_interval=1")
+    trainer.check(job)
+
+
+def test_empty_micro_batch_is_refused_naming_the_preset():
+    # The slime issue #1838 schedule of test_legacy: rank 1's third micro-batch is empty.
+    layout = ParallelLayout(dp=2)
+    strategy = SlimeLegacyBatching(layout, None, 100, "up", True, preset="slime_1823")
+    schedule = strategy.plan([90, 150, 90, 10, 90, 10, 5, 10], list(range(8)))
+    with pytest.raises(SlimeHydraError, match=r"batching=slime_1823 .*micro-batch 2 of DP rank 1"):
+        check_trainable(schedule, strategy)
+
+
+def vpp_schedule(num_microbatches: int) -> Schedule:
+    """One step, one DP rank, micro-batches of one sample each."""
+    ranks = [[[i] for i in range(num_microbatches)]]
+    return Schedule(
+        lengths=(1,) * num_microbatches, cap=None, steps=(StepSchedule.build(0, ranks),)
+    )
+
+
+@pytest.mark.parametrize(
+    ("pp", "group", "m", "ok"),
+    [
+        (2, 2, 4, True),
+        (2, 2, 5, False),
+        (2, 3, 5, True),
+        (2, 4, 4, True),
+        (2, 4, 3, False),
+        (4, 4, 6, False),
+        (4, 4, 8, True),
+        (2, 2, 1, False),
+        (4, 8, 12, True),
+    ],
+)
+def test_vpp_constraints_of_megatron_0_16(pp, group, m, ok):
+    layout = ParallelLayout(pp=pp, vpp=2, microbatch_group_size_per_vp_stage=group)
+    if ok:
+        check_vpp(layout, vpp_schedule(m))
+    else:
+        with pytest.raises(SlimeHydraError, match="microbatch_group_size_per_vp_stage"):
+            check_vpp(layout, vpp_schedule(m))
+
+
+def test_world_size_check_accepts_the_layout():
+    check_world_size(ParallelLayout(dp=2, tp=2), 4, "torchrun")
+    with pytest.raises(SlimeHydraError, match="2×2×1×1 = 4"):
+        check_world_size(ParallelLayout(dp=2, tp=2), 2, "torchrun")
+
+
+def test_truncate_metrics_keeps_steps_before_the_checkpoint(tmp_path: Path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in [0, 1, 2, 3, 2]))
+    truncate_metrics(path, 2)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1]
+
+
+def test_lengths_only_rollout_gets_copy_task_tokens_and_keeps_its_steps():
+    lengths = np.array([5, 7, 9, 4])
+    rollout = RolloutBatch(
+        lengths, np.array([2, 3, 4, 1]), np.array([0, 0, 1, 1]), np.array([0, 0, 1, 1])
+    )
+    filled = with_tokens(rollout, vocab_size=32, seed=0)
+    assert filled.tokens is not None and filled.step_ids is rollout.step_ids
+    np.testing.assert_array_equal(filled.tokens.total_lengths, lengths)
+    assert with_tokens(filled, vocab_size=32, seed=1) is filled
