@@ -12,25 +12,10 @@ import pytest
 
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.log.wandb import WandbSink
+from tests.contract import BATCH_KEYS
 from tests.wandb_reader import OfflineRun, read_run, wandb_files
 
 pytestmark = pytest.mark.integration
-
-BATCH_KEYS = (
-    "batch/num_microbatches",
-    "batch/num_microbatches_lb",
-    "batch/mb_tokens_max",
-    "batch/mb_tokens_mean",
-    "batch/mb_tokens_min",
-    "batch/token_imbalance",
-    "batch/dp_token_imbalance",
-    "batch/flops_imbalance",
-    "batch/cap_utilization",
-    "batch/cap_violations",
-    "batch/empty_microbatches",
-    "batch/oversize_samples",
-    "batch/plan_ms",
-)
 
 
 def slime_hydra(tmp: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
