@@ -64,7 +64,10 @@ def loss_func(
 
 
 def forward_step(
-    eps_clip: float, eps_clip_high: float, data_iterator: Iterator[PackedMicrobatch], model
+    eps_clip: float,
+    eps_clip_high: float,
+    data_iterator: Iterator[PackedMicrobatch],
+    model: torch.nn.Module,
 ) -> tuple[torch.Tensor, partial]:
     """megatron's forward_step_func: next packed micro-batch → (output, its loss function)."""
     mb = next(data_iterator)
