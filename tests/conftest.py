@@ -17,13 +17,16 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 @pytest.fixture
 def compose_cfg() -> Iterator[Callable[..., DictConfig]]:
-    """compose_cfg(*overrides) -> the composed config; Hydra's global state cleared after."""
+    """compose_cfg(*overrides, with_hydra=False) -> the composed config (with the `hydra` node
+    if asked); Hydra's global state cleared after."""
     register_configs()
 
-    def _compose(*overrides: str) -> DictConfig:
+    def _compose(*overrides: str, with_hydra: bool = False) -> DictConfig:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            return compose(
+                config_name="config", overrides=list(overrides), return_hydra_config=with_hydra
+            )
 
     yield _compose
     GlobalHydra.instance().clear()

@@ -1,11 +1,9 @@
 """Start the workers from inside the Hydra job through torch's elastic launcher (torchrun's
-machinery): one node, `trainer.nproc_per_node` processes, a fresh rendezvous per job."""
+machinery): `trainer.nproc_per_node` processes on each node of the job (train/nodes.py)."""
 
 from __future__ import annotations
 
 import logging
-import socket
-import uuid
 from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -13,6 +11,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.job import Job
+from slime_hydra.train.nodes import job_nodes
 from slime_hydra.train.worker import train
 
 if TYPE_CHECKING:
@@ -21,31 +20,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(trainer: CpuTrainer, job: Job) -> None:
     """Run `train(trainer, job)` in nproc_per_node workers; restart them up to max_restarts."""
-    port = free_port()
+    nodes = job_nodes()
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
         nproc_per_node=trainer.num_procs(job),
-        run_id=f"slime_hydra-{uuid.uuid4().hex[:8]}",
+        run_id=nodes.run_id,
         rdzv_backend="c10d",
-        rdzv_endpoint=f"127.0.0.1:{port}",
+        rdzv_endpoint=nodes.endpoint,
         max_restarts=trainer.max_restarts,
         monitor_interval=0.2,
     )
     log.info(
-        "Launching %d %s workers (rendezvous 127.0.0.1:%d, max_restarts=%d)",
+        "Launching %d %s workers on node %d of %d (rendezvous %s, max_restarts=%d)",
         trainer.num_procs(job),
         trainer.backend,
-        port,
+        nodes.rank,
+        nodes.count,
+        nodes.endpoint,
         trainer.max_restarts,
     )
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from slime_hydra.train.nodes import node_rank
+
 _ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
@@ -34,6 +36,7 @@ def torchrun_env() -> TorchrunEnv | None:
 
 
 def is_rank_zero() -> bool:
-    """True outside torchrun and on global rank 0 inside it: the process that writes run files."""
+    """The process that writes run files: global rank 0 under torchrun, else the job process
+    of the first node (every node's job process plans, on a multi-node SLURM job)."""
     env = torchrun_env()
-    return env is None or env.rank == 0
+    return node_rank() == 0 if env is None else env.rank == 0

@@ -24,6 +24,7 @@ from slime_hydra.train.checks import (
     check_world_size,
 )
 from slime_hydra.train.job import Job
+from slime_hydra.train.nodes import node_count
 from slime_hydra.train.torchrun import torchrun_env
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ class CpuTrainer:
     """Train the policy with megatron-core on gloo: tensor and data parallelism on CPU."""
 
     nproc_per_node: int | None = None
-    """Worker processes the launcher starts; null means the layout's dp × tp × pp × cp."""
+    """Workers the launcher starts per node; null: the layout's dp × tp × pp × cp over the nodes."""
     lr: float = 1e-3
     """AdamW learning rate (constant)."""
     weight_decay: float = 0.0
@@ -59,8 +60,10 @@ class CpuTrainer:
     device: ClassVar[str] = "cpu"
 
     def num_procs(self, job: Job) -> int:
-        """Workers to start on this node: nproc_per_node, or the layout's world size."""
-        return job.layout.world_size if self.nproc_per_node is None else self.nproc_per_node
+        """Workers to start on this node: nproc_per_node, or the world size over the nodes."""
+        if self.nproc_per_node is None:
+            return job.layout.world_size // node_count()
+        return self.nproc_per_node
 
     def num_steps(self, job: Job) -> int:
         """Steps this run trains: the schedule's, or the first max_steps of them."""
@@ -72,8 +75,9 @@ class CpuTrainer:
         self.check_layout(job)
         env = torchrun_env()
         if env is None:
-            source = f"trainer.nproc_per_node={self.num_procs(job)}"
-            check_world_size(job.layout, self.num_procs(job), source)
+            nodes, procs = node_count(), self.num_procs(job)
+            source = f"trainer.nproc_per_node={procs} on {nodes} node(s)"
+            check_world_size(job.layout, procs * nodes, source)
         else:
             check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
         check_trainable(job.schedule, job.strategy)

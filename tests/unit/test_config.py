@@ -203,3 +203,19 @@ def test_grpo_7b_is_the_issue_layout(compose_cfg):
     assert cfg.data.num_prompts * cfg.data.n_samples_per_prompt == 256
     assert cfg.data.max_response_len == 8192
     assert cfg.trainer._target_.endswith("GpuTrainer")
+
+
+@pytest.mark.parametrize(
+    ("override", "target"),
+    [
+        ("hydra/launcher=local_parallel", "JoblibLauncher"),
+        ("hydra/launcher=slurm", "SlurmLauncher"),
+        ("hydra/sweeper=optuna_cap", "OptunaSweeper"),
+    ],
+)
+def test_sweep_plugins_compose(compose_cfg, override, target):
+    cfg = compose_cfg(override, "+exp=grpo_7b", with_hydra=True)
+    node = cfg.hydra.sweeper if "sweeper" in override else cfg.hydra.launcher
+    assert node._target_.endswith(target)
+    if "slurm" in override:
+        assert (node.tasks_per_node, node.gpus_per_node) == (1, 8)  # one task per node
