@@ -54,7 +54,15 @@ def init_distributed(
             )
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        timeout = timedelta(seconds=timeout_s)
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        # The elastic agent keeps one store across restarts: without a per-attempt prefix a
+        # restarted worker can read a dead worker's gloo address and fail to connect.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        store = dist.PrefixStore(f"slime_hydra/attempt_{attempt}", store)
+        dist.init_process_group(
+            backend=backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
 
     world_size = dist.get_world_size()
     model_parallel = tp * pp * cp
