@@ -11,12 +11,13 @@ Two rollouts: the default synthetic lengths (median ~2k tokens) and short answer
 truncated tail (median ~110 tokens, a few near 4k), where the safe fixed size needs 14x more
 micro-batches than dynamic. Measured on 2 CPU cores (see the README), dynamic does NOT come out
 ahead on CPU: the memory-safe fixed size matched it to 9% faster on the default lengths and
-16-28% faster on the short answers, over runs. On CPU a micro-batch's fixed cost is a few ms and
-the tiny model's skinny matmuls run faster on small, cache-sized micro-batches, so
-fewer, fuller micro-batches buy nothing there; the gain dynamic batching exists for (per-micro-
-batch kernel launches, pipeline bubbles, memory-safe caps) is a GPU effect this CPU run cannot
-show. What dynamic does show here: it keeps every micro-batch under the cap with the fewest
-micro-batches, where fixed batching must choose between many near-empty ones and cap breaks.
+16-28% faster on the short answers, over runs. On CPU a micro-batch's fixed cost is a few ms,
+and large micro-batches cost more per token (probably cache misses in the tiny model's skinny
+matmuls; not profiled), so fewer, fuller micro-batches buy nothing there. The gain dynamic
+batching exists for (per-micro-batch kernel launches, pipeline bubbles, memory-safe caps) is a
+GPU effect this CPU run cannot show. What dynamic does show here: it keeps every micro-batch
+under the cap with the fewest micro-batches, where fixed batching must choose between many
+near-empty ones and cap breaks.
 """
 
 from __future__ import annotations
