@@ -93,6 +93,9 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         if env.rank == 0:
             checkpoint.truncate_metrics(job.run.run_dir / "metrics.jsonl", start)
             sink = open_sinks(job.cfg, job.run)
+        # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
+        # collective of the step loop: the other ranks wait here, not inside an all-reduce.
+        dist.barrier()
         try:
             run_steps(engine, trainer, job, env, start, sink)
         finally:
