@@ -1,23 +1,21 @@
 """Training throughput of dynamic vs fixed batching on the same rollouts, trainer=cpu.
 
-Run: .venv/bin/python benchmarks/bench_train.py [--scenario 'default lengths']
-Each batching trains the tiny model through the real CLI (2 gloo ranks, dp=2) on the same
-synthetic rollout. Without dynamic batching a user must pick micro_batch_size so that the
-longest samples still fit the memory cap: `fixed (safe)` is the largest such size, `fixed (2x)`
-doubles it and breaks the cap (it would run out of memory on a GPU sized for the cap).
-tokens/s counts real (unpadded) tokens over the summed step times, step 0 (warm-up) excluded.
+Run: .venv/bin/python benchmarks/bench_train.py [--scenario NAME] [--layout NAME]
+Each batching trains the tiny model through the real CLI (2 gloo ranks) on the same synthetic
+rollout. Without dynamic batching a user must pick micro_batch_size so that the longest samples
+still fit the memory cap: `fixed (safe)` is the largest such size, `fixed (2x)` doubles it and
+breaks the cap (it would run out of memory on a GPU sized for the cap). tokens/s counts real
+tokens over the summed step times, step 0 (warm-up) excluded.
 
 Two rollouts: the default synthetic lengths (median ~2k tokens) and short answers with a
 truncated tail (median ~110 tokens, a few near 4k), where the safe fixed size needs 14x more
-micro-batches than dynamic. Measured on 2 CPU cores (see the README), dynamic does NOT come out
-ahead on CPU: the memory-safe fixed size matched it to 9% faster on the default lengths and
-16-28% faster on the short answers, over runs. On CPU a micro-batch's fixed cost is a few ms,
-and large micro-batches cost more per token (probably cache misses in the tiny model's skinny
-matmuls; not profiled), so fewer, fuller micro-batches buy nothing there. The gain dynamic
-batching exists for (per-micro-batch kernel launches, pipeline bubbles, memory-safe caps) is a
-GPU effect this CPU run cannot show. What dynamic does show here: it keeps every micro-batch
-under the cap with the fewest micro-batches, where fixed batching must choose between many
-near-empty ones and cap breaks.
+micro-batches than dynamic. Two layouts of the 2 ranks:
+- tp=2: every micro-batch pays per-layer tensor-parallel all-reduces, a fixed cost per
+  micro-batch as on GPUs (there: also kernel launches and pipeline bubbles). Fewer, fuller
+  micro-batches win here: dynamic is ahead (README: Measured).
+- dp=2: no per-micro-batch communication. On 2 CPU cores a micro-batch's fixed cost is a few ms
+  and compute per token does not fall with size, so fixed batching is level with dynamic or a
+  few percent faster; dynamic still keeps every micro-batch under the cap with the fewest.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from pathlib import Path
 from slime_hydra.data.synthetic import SyntheticGRPO
 
 REPO = Path(__file__).resolve().parents[1]
-DP = 2
+LAYOUTS = {"tp=2": {"dp": 1, "tp": 2}, "dp=2": {"dp": 2, "tp": 1}}
 SCENARIOS = {
     "default lengths": {"num_prompts": 16},
     "short answers, long tail": {
@@ -66,13 +64,14 @@ def mean(rows: list[dict], key: str) -> float:
     return sum(r[key] for r in rows) / len(rows)
 
 
-def scenario(name: str, data: dict, global_batch_size: int, cap: int) -> None:
-    """Train dynamic, safe fixed and 2x fixed on one rollout; print a table."""
+def scenario(name: str, data: dict, layout: str, global_batch_size: int, cap: int) -> None:
+    """Train dynamic, safe fixed and 2x fixed on one rollout and layout; print a table."""
+    sizes = LAYOUTS[layout]
     max_len = int(SyntheticGRPO(**data).load().total_lengths.max())
-    mbs = safe_micro_batch_size(max_len, cap, global_batch_size // DP)
+    mbs = safe_micro_batch_size(max_len, cap, global_batch_size // sizes["dp"])
     common = [
         "logger=jsonl",
-        f"parallel.dp={DP}",
+        *(f"parallel.{key}={value}" for key, value in sizes.items()),
         f"batching.global_batch_size={global_batch_size}",
         f"batching.max_tokens_per_gpu={cap}",
         *(f"data.{key}={value}" for key, value in data.items()),
@@ -82,7 +81,7 @@ def scenario(name: str, data: dict, global_batch_size: int, cap: int) -> None:
         f"fixed mbs={mbs} (safe)": ["batching=fixed", f"batching.micro_batch_size={mbs}"],
         f"fixed mbs={2 * mbs} (2x)": ["batching=fixed", f"batching.micro_batch_size={2 * mbs}"],
     }
-    print(f"\n{name}: longest sample {max_len} tokens, cap {cap} tokens per micro-batch, dp={DP}")
+    print(f"\n{name}, {layout}: longest sample {max_len} tokens, cap {cap} tokens per micro-batch")
     widths = (22, 8, 7, 9, 8, 8, 6)
     header = ("batching", "mbs/rank", "tok_imb", "over cap", "train s", "tok/s", "vs dyn")
     cells = [f"{h:>{w}}" for h, w in zip(header, widths, strict=True)]
@@ -107,14 +106,16 @@ def main() -> None:
     """Run every scenario (or the one named)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default=None)
     parser.add_argument("--global-batch-size", type=int, default=None, help="default: 1/4 rollout")
     parser.add_argument("--max-tokens-per-gpu", type=int, default=8192)
     args = parser.parse_args()
-    for name, data in SCENARIOS.items():
-        if args.scenario in (None, name):
-            samples = data["num_prompts"] * SyntheticGRPO().n_samples_per_prompt
-            gbs = args.global_batch_size or samples // 4
-            scenario(name, data, gbs, args.max_tokens_per_gpu)
+    for layout in LAYOUTS:
+        for name, data in SCENARIOS.items():
+            if args.scenario in (None, name) and args.layout in (None, layout):
+                samples = data["num_prompts"] * SyntheticGRPO().n_samples_per_prompt
+                gbs = args.global_batch_size or samples // 4
+                scenario(name, data, layout, gbs, args.max_tokens_per_gpu)
 
 
 if __name__ == "__main__":
