@@ -23,3 +23,4 @@ test: $(VENV)
 bench: $(VENV)
 	$(PY) benchmarks/bench_schedule.py
 	$(PY) benchmarks/bench_iterator.py
+	$(PY) benchmarks/bench_train.py
