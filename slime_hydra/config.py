@@ -41,6 +41,8 @@ class ParallelConfig:
     cp: int = 1
     microbatch_group_size_per_vp_stage: int | None = None
     """Micro-batches per VPP group; null means pp (megatron-core's default)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the TP group (needs tp > 1; trainer=gpu)."""
 
 
 @dataclass

@@ -21,6 +21,8 @@ class ParallelLayout:
     vpp: int = 1
     cp: int = 1
     microbatch_group_size_per_vp_stage: int | None = None
+    sequence_parallel: bool = False
+    """Megatron's sequence parallelism: activations outside attention split over the TP ranks."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "vpp", "cp"):
@@ -34,6 +36,11 @@ class ParallelLayout:
             raise SlimeHydraError(
                 f"parallel.vpp={self.vpp} needs pipeline parallelism, but parallel.pp=1; "
                 "set parallel.pp to 2 or more, or parallel.vpp=1."
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise SlimeHydraError(
+                "parallel.sequence_parallel=true splits activations over tensor-parallel ranks, "
+                "but parallel.tp=1; set parallel.tp to 2 or more, or sequence_parallel=false."
             )
         g = self.microbatch_group_size_per_vp_stage
         if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):

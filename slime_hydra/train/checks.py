@@ -19,13 +19,16 @@ def check_world_size(layout: ParallelLayout, world_size: int, source: str) -> No
 
 def check_gloo_layout(layout: ParallelLayout) -> None:
     """The CPU trainer runs tensor and data parallelism only."""
-    bad = {"pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp}
-    sizes = ", ".join(f"parallel.{name}={size}" for name, size in bad.items() if size > 1)
-    if sizes:
+    sizes = {"pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp}
+    bad = [f"parallel.{name}={size}" for name, size in sizes.items() if size > 1]
+    if layout.sequence_parallel:
+        bad.append("parallel.sequence_parallel=true")
+    if bad:
         raise SlimeHydraError(
-            f"{sizes} needs trainer=gpu: trainer=cpu (gloo) runs only tensor and data "
-            "parallelism, because megatron-core's pipeline schedules and context-parallel "
-            "attention need CUDA. Set them to 1, or use trainer=plan to simulate this layout."
+            f"{', '.join(bad)} needs trainer=gpu: trainer=cpu (gloo) runs only tensor and data "
+            "parallelism, because megatron-core's pipeline schedules, context-parallel "
+            "attention and sequence parallelism need CUDA. Turn them off, or use trainer=plan "
+            "to simulate this layout."
         )
 
 

@@ -95,6 +95,7 @@ class GpuEngine:
         eps_clip: float,
         eps_clip_high: float,
         params_dtype: str,
+        sequence_parallel: bool = False,
     ) -> None:
         dtype = getattr(torch, params_dtype)
         vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
@@ -104,7 +105,11 @@ class GpuEngine:
         chunks = []
         for stage in range(vpp):
             model = build_gpt_model(
-                dims, "cuda", params_dtype=dtype, vp_stage=stage if vpp > 1 else None
+                dims,
+                "cuda",
+                params_dtype=dtype,
+                vp_stage=stage if vpp > 1 else None,
+                sequence_parallel=sequence_parallel,
             )
             model.config.variable_seq_lengths = True
             model.config.calculate_per_token_loss = True

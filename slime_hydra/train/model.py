@@ -46,7 +46,10 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
 
 
 def transformer_config(
-    dims: ModelDims, device: Device = "cpu", params_dtype: torch.dtype = torch.float32
+    dims: ModelDims,
+    device: Device = "cpu",
+    params_dtype: torch.dtype = torch.float32,
+    sequence_parallel: bool = False,
 ) -> TransformerConfig:
     """Megatron TransformerConfig for `dims` on the current TP/PP/CP layout; no dropout (RL)."""
     on_cpu = device == "cpu"
@@ -67,6 +70,7 @@ def transformer_config(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
+        sequence_parallel=sequence_parallel,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=(
             parallel_state.get_virtual_pipeline_model_parallel_world_size()
@@ -109,11 +113,12 @@ def build_gpt_model(
     vocab_size: int | None = None,
     params_dtype: torch.dtype = torch.float32,
     vp_stage: int | None = None,
+    sequence_parallel: bool = False,
 ) -> GPTModel:
     """GPTModel for this rank's pipeline stage (VPP chunk `vp_stage`) and TP shard;
     `vocab_size` overrides the config's."""
     dims = model_cfg if isinstance(model_cfg, ModelDims) else ModelDims.from_mapping(model_cfg)
-    config = transformer_config(dims, device, params_dtype)
+    config = transformer_config(dims, device, params_dtype, sequence_parallel)
     vocab = padded_vocab_size(
         vocab_size or dims.vocab_size, parallel_state.get_tensor_model_parallel_world_size()
     )

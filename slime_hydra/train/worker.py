@@ -56,7 +56,13 @@ def build_engine(trainer: CpuTrainer, job: Job) -> Engine:
     if trainer.device == "cuda":
         from slime_hydra.train.gpu import GpuEngine
 
-        return GpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high, trainer.params_dtype)
+        return GpuEngine(
+            *args,
+            trainer.eps_clip,
+            trainer.eps_clip_high,
+            trainer.params_dtype,
+            job.layout.sequence_parallel,
+        )
     from slime_hydra.train.cpu import CpuEngine
 
     return CpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high)

@@ -152,6 +152,7 @@ def test_unknown_keys_fail_at_composition(compose_cfg):
             "parallel.microbatch_group_size_per_vp_stage to 4",
         ),
         (["parallel.tp=0"], "parallel.tp"),
+        (["parallel.sequence_parallel=true"], "parallel.tp to 2"),
         (["batching.max_tokens_per_gpu=0"], "batching.max_tokens_per_gpu"),
         (["batching.max_tokens_per_gpu=-5"], "batching.max_tokens_per_gpu"),
         (["batching.global_batch_size=0"], "batching.global_batch_size"),
@@ -199,6 +200,7 @@ def test_grpo_7b_is_the_issue_layout(compose_cfg):
     cfg = compose_cfg("+exp=grpo_7b")
     layout, strategy = validate(cfg)
     assert (layout.dp, layout.tp, layout.pp, layout.cp) == (2, 2, 1, 2)
+    assert layout.sequence_parallel
     assert strategy.cap == 4608 * 2 and strategy.global_batch_size == 256
     assert cfg.data.num_prompts * cfg.data.n_samples_per_prompt == 256
     assert cfg.data.max_response_len == 8192

@@ -52,9 +52,16 @@ def test_world_size_mismatch_names_the_overrides(job_of):
         trainer.check(job)
 
 
-@pytest.mark.parametrize("override", ["parallel.pp=2", "parallel.cp=2"])
-def test_cpu_trainer_asks_for_gpu_for_pp_and_cp(job_of, override):
-    trainer, job = job_of(override, "parallel.dp=1", "trainer.nproc_per_node=2")
+@pytest.mark.parametrize(
+    ("override", "extra"),
+    [
+        ("parallel.pp=2", "parallel.dp=1"),
+        ("parallel.cp=2", "parallel.dp=1"),
+        ("parallel.sequence_parallel=true", "parallel.tp=2"),
+    ],
+)
+def test_cpu_trainer_asks_for_gpu_for_pp_cp_and_sequence_parallel(job_of, override, extra):
+    trainer, job = job_of(override, extra, "parallel.dp=1", "trainer.nproc_per_node=2")
     with pytest.raises(SlimeHydraError, match=rf"{override}.*trainer=gpu"):
         trainer.check(job)
 
