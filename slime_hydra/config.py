@@ -30,22 +30,6 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class ParallelConfig:
-    """Parallel sizes; world size = dp × tp × pp × cp."""
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    vpp: int = 1
-    """Virtual pipeline stages (model chunks) per pipeline rank; needs pp > 1."""
-    cp: int = 1
-    microbatch_group_size_per_vp_stage: int | None = None
-    """Micro-batches per VPP group; null means pp (megatron-core's default)."""
-    sequence_parallel: bool = False
-    """Megatron sequence parallelism over the TP group (needs tp > 1; trainer=gpu)."""
-
-
-@dataclass
 class PartitionerConfig:
     _target_: str = "slime_hydra.partition.CappedPartitioner"
     tolerance: float = 0.01
@@ -90,10 +74,13 @@ class LegacyBatchingConfig(BatchingConfig):
     preset: str = MISSING
 
 
-def target_schema(cls: type) -> type:
-    """A config dataclass: `_target_` = `cls`, then the fields (types, defaults) of `cls`."""
+def schema_of(cls: type, target: bool = True) -> type:
+    """A config dataclass with the fields (types, defaults) of dataclass `cls`, led by
+    `_target_` = `cls` when it is built by Hydra: one source of truth for both."""
     hints = get_type_hints(cls)
-    specs: list[Any] = [("_target_", str, field(default=f"{cls.__module__}.{cls.__qualname__}"))]
+    specs: list[Any] = []
+    if target:
+        specs.append(("_target_", str, field(default=f"{cls.__module__}.{cls.__qualname__}")))
     for f in fields(cls):
         default = MISSING if f.default is dataclasses.MISSING else f.default
         specs.append((f.name, hints[f.name], field(default=default)))
@@ -121,7 +108,7 @@ class WandbLoggerConfig(LoggerConfig):
 @dataclass
 class Config:
     batching: Any = MISSING
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    parallel: Any = MISSING
     data: Any = MISSING
     model: Any = MISSING
     trainer: Any = MISSING
@@ -133,21 +120,21 @@ def register_configs() -> None:
     """Store the schemas the YAML files extend (`defaults: [base_<name>, _self_]`)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    cs.store(group="parallel", name="base_parallel", node=ParallelConfig)
+    cs.store(group="parallel", name="base_parallel", node=schema_of(ParallelLayout, target=False))
     cs.store(group="batching", name="base_fixed", node=FixedBatchingConfig)
     cs.store(group="batching", name="base_dynamic", node=DynamicBatchingConfig)
     cs.store(group="batching", name="base_legacy", node=LegacyBatchingConfig)
-    cs.store(group="data", name="base_synthetic_grpo", node=target_schema(SyntheticGRPO))
-    cs.store(group="data", name="base_jsonl", node=target_schema(JsonlTrace))
-    cs.store(group="data", name="base_parquet", node=target_schema(ParquetTrace))
-    cs.store(group="data", name="base_slime_dump", node=target_schema(SlimeDump))
+    cs.store(group="data", name="base_synthetic_grpo", node=schema_of(SyntheticGRPO))
+    cs.store(group="data", name="base_jsonl", node=schema_of(JsonlTrace))
+    cs.store(group="data", name="base_parquet", node=schema_of(ParquetTrace))
+    cs.store(group="data", name="base_slime_dump", node=schema_of(SlimeDump))
     # Imported here: the trainers import this module (for open_sinks) in turn.
     from slime_hydra.train.plan import PlanTrainer
     from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
 
-    cs.store(group="trainer", name="base_plan", node=target_schema(PlanTrainer))
-    cs.store(group="trainer", name="base_cpu", node=target_schema(CpuTrainer))
-    cs.store(group="trainer", name="base_gpu", node=target_schema(GpuTrainer))
+    cs.store(group="trainer", name="base_plan", node=schema_of(PlanTrainer))
+    cs.store(group="trainer", name="base_cpu", node=schema_of(CpuTrainer))
+    cs.store(group="trainer", name="base_gpu", node=schema_of(GpuTrainer))
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
 

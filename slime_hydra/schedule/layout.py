@@ -19,8 +19,10 @@ class ParallelLayout:
     tp: int = 1
     pp: int = 1
     vpp: int = 1
+    """Virtual pipeline stages (model chunks) per pipeline rank; needs pp > 1."""
     cp: int = 1
     microbatch_group_size_per_vp_stage: int | None = None
+    """Micro-batches per VPP group; null means pp (megatron-core's default)."""
     sequence_parallel: bool = False
     """Megatron's sequence parallelism: activations outside attention split over the TP ranks."""
 

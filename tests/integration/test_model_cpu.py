@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,34 +12,15 @@ from omegaconf import OmegaConf
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.distributed import init_distributed
 from slime_hydra.train.flops import ModelDims, flops_coefficients
+from tests.integration.torchrun import REPO, run_torchrun
 
-REPO = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).with_name("_model_worker.py")
 SEQ_SPANS = [(0, 5), (5, 14), (14, 17)]  # the worker's packed sequences of lengths 5, 9, 3
 
 
 def _run_worker(tmp_path: Path, nproc: int, tp: int) -> dict[str, Any]:
     """Run the worker under torchrun with nproc gloo ranks and return rank 0's results."""
-    out = tmp_path / f"tp{tp}.pt"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [
-        sys.executable,
-        "-W",
-        "ignore",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(WORKER),
-        str(out),
-        str(tp),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return torch.load(out)
+    return run_torchrun(WORKER, nproc, tmp_path / f"tp{tp}.pt", str(tp))
 
 
 @pytest.fixture(scope="module")

@@ -3,40 +3,20 @@ batching, one sample per micro-batch, and dp=1 vs dp=2, through the CPU trainer'
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.torchrun import run_torchrun
+
 WORKER = Path(__file__).with_name("_grad_worker.py")
 
 
 def _gradients(tmp_path: Path, nproc: int) -> dict[str, Any]:
     """Run the worker on nproc gloo ranks (dp = nproc); rank 0's gradients per batching."""
-    out = tmp_path / f"dp{nproc}.pt"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [
-        sys.executable,
-        "-W",
-        "ignore",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(WORKER),
-        str(out),
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return torch.load(out)
+    return run_torchrun(WORKER, nproc, tmp_path / f"dp{nproc}.pt")
 
 
 @pytest.mark.integration
