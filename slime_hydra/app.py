@@ -39,7 +39,7 @@ def run_info(cfg: DictConfig) -> RunInfo:
 
 
 def plan(cfg: DictConfig, run: RunInfo) -> Job:
-    """Checks, rollout and schedule, before any training; writes config.yaml and schedule.json."""
+    """Checks, rollout and schedule: everything before training, nothing written yet."""
     layout, strategy = validate(cfg)
     dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
     rollout = build(cfg.data).load()
@@ -62,9 +62,6 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
             len(broken),
             "; ".join(broken[:3]),
         )
-    if is_rank_zero():  # under torchrun every rank plans; rank 0 alone writes the run dir
-        OmegaConf.save(cfg, run.run_dir / "config.yaml", resolve=True)
-        (run.run_dir / "schedule.json").write_text(json.dumps(schedule.to_json()))
     return Job(
         cfg=cfg,
         run=run,
@@ -77,11 +74,16 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
 
 
 def run(cfg: DictConfig) -> float | None:
-    """Plan, then hand the job to the configured trainer, which logs through `open_sinks`
-    where its metrics are (this process for plan, rank 0's worker for cpu/gpu). Returns the
-    trainer's objective for sweepers (plan mode: simulated seconds), if it has one."""
+    """Plan, let the trainer refuse what it cannot run, write the run dir, then train: the
+    trainer logs through `open_sinks` where its metrics are (this process for plan, rank 0's
+    worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: simulated s)."""
     job = plan(cfg, run_info(cfg))
-    objective = build(cfg.trainer).run(job)
+    trainer = build(cfg.trainer)
+    trainer.check(job)
+    if is_rank_zero():  # under torchrun every rank plans; rank 0 alone writes the run dir
+        OmegaConf.save(cfg, job.run.run_dir / "config.yaml", resolve=True)
+        (job.run.run_dir / "schedule.json").write_text(json.dumps(job.schedule.to_json()))
+    objective = trainer.run(job)
     log.info("Run dir: %s", job.run.run_dir)
     return objective
 

@@ -21,6 +21,9 @@ class PlanTrainer:
     microbatch_overhead_ms: float = 2.0
     """Fixed forward+backward cost of one micro-batch (launches, small matmuls, p2p set-up)."""
 
+    def check(self, job: Job) -> None:
+        """Nothing to refuse: plan mode simulates any layout and measures any schedule."""
+
     def run(self, job: Job) -> float:
         """Emit one metrics row per planned step to metrics.jsonl and the logger; return the
         simulated seconds of all steps, +inf if a micro-batch breaks the cap or is empty."""

@@ -96,8 +96,8 @@ class CpuTrainer:
         check_gloo_layout(job.layout)
 
     def run(self, job: Job) -> None:
-        """Check, give the rollout tokens, then train in torchrun's workers or start our own."""
-        self.check(job)
+        """Give the rollout tokens, then train in torchrun's workers or start our own (the app
+        has run `check` before writing the run dir)."""
         job = dataclasses.replace(
             job,
             cfg=OmegaConf.create(OmegaConf.to_container(job.cfg, resolve=True)),
