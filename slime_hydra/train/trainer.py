@@ -128,10 +128,12 @@ class GpuTrainer(CpuTrainer):
         import torch
 
         if not torch.cuda.is_available():
+            layout = job.layout
             raise SlimeHydraError(
-                "trainer=gpu needs CUDA GPUs (NCCL, Transformer Engine), and this machine has "
-                "none. trainer=plan simulates this layout's schedule on CPU; trainer=cpu trains "
-                "the tiny model on CPU ranks."
+                f"trainer=gpu needs {layout.world_size} CUDA GPUs (parallel.dp×tp×pp×cp = "
+                f"{layout.dp}×{layout.tp}×{layout.pp}×{layout.cp}) with NCCL and Transformer "
+                "Engine, and this machine has none. trainer=plan simulates this layout's "
+                "schedule on CPU; trainer=cpu trains the tiny model on CPU ranks."
             )
         check_vpp(job.layout, job.schedule)
 
