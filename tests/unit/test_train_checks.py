@@ -68,7 +68,7 @@ def test_cpu_trainer_asks_for_gpu_for_pp_cp_and_sequence_parallel(job_of, overri
 
 def test_gpu_trainer_without_cuda_stops_at_once(job_of):
     trainer, job = job_of("trainer=gpu")
-    with pytest.raises(SlimeHydraError, match=r"needs CUDA.*trainer=plan"):
+    with pytest.raises(SlimeHydraError, match=r"needs 2 CUDA GPUs.*trainer=plan"):
         trainer.check(job)
 
 
