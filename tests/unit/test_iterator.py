@@ -9,24 +9,13 @@ from hypothesis import strategies as st
 
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
-from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
+from tests.rollouts import random_tokens
 
 
 def random_batch(seed: int, n: int, max_len: int) -> RolloutBatch:
     """A rollout of random tokens with random loss masks and per-token values."""
-    rng = np.random.default_rng(seed)
-    total = rng.integers(1, max_len + 1, n)
-    resp = rng.integers(0, total + 1)
-    return RolloutTokens.from_samples(
-        tokens=[rng.integers(1, 500, t) for t in total],
-        response_lengths=resp,
-        loss_masks=[rng.random(r) < 0.6 for r in resp],
-        rewards=rng.random(n),
-        group_ids=np.arange(n) // 4,
-        advantages=[rng.normal(size=r) for r in resp],
-        old_logprobs=[-rng.random(r) for r in resp],
-    ).to_batch()
+    return random_tokens(seed, n, max_len).to_batch()
 
 
 @st.composite
