@@ -17,7 +17,6 @@ from slime_hydra.config import build, validate
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import violations
-from slime_hydra.schedule.dynamic import DynamicBatching, Oversize
 from slime_hydra.train.flops import ModelDims, flops_coefficients
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import is_rank_zero
@@ -53,8 +52,9 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
         strategy.name,
         (time.perf_counter() - start) * 1e3,
     )
-    isolate = isinstance(strategy, DynamicBatching) and strategy.oversize is Oversize.isolate
-    broken = violations(schedule, layout, rollout.group_ids, allow_oversize=isolate)
+    broken = violations(
+        schedule, layout, rollout.group_ids, allow_oversize=strategy.isolates_oversize
+    )
     if broken:
         log.warning(
             "%s's schedule breaks %d invariants (measured, not fixed), e.g. %s",

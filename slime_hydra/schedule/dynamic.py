@@ -60,6 +60,10 @@ class DynamicBatching(BatchingStrategy):
         self.dp_split = DpSplit(dp_split)
         self.partitioner: Partitioner = partitioner or CappedPartitioner()
 
+    @property
+    def isolates_oversize(self) -> bool:
+        return self.oversize is Oversize.isolate
+
     def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
         cap = self.cap
         assert cap is not None

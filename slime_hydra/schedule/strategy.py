@@ -48,6 +48,11 @@ class BatchingStrategy(ABC):
         return type(self).__name__
 
     @property
+    def isolates_oversize(self) -> bool:
+        """Whether a sample over the cap, alone in its micro-batch, is by design (not a fault)."""
+        return False
+
+    @property
     def cap(self) -> int | None:
         """Tokens one micro-batch may hold on one DP rank: max_tokens_per_gpu × cp."""
         if self.max_tokens_per_gpu is None:

@@ -150,6 +150,7 @@ def test_isolate_puts_an_over_cap_sample_alone_and_counts_it():
     strategy = DynamicBatching(layout, 4, 100, oversize="isolate")
     schedule = strategy.plan(lengths, [0, 1, 2, 3])
     assert (2,) in [mb for rank in schedule.steps[0].ranks for mb in rank]
+    assert strategy.isolates_oversize and not DynamicBatching(layout, 4, 100).isolates_oversize
     assert violations(schedule, layout, [0, 1, 2, 3], allow_oversize=True) == []
     from slime_hydra.schedule import step_metrics
 
