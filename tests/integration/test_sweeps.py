@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -17,13 +16,11 @@ def rows(job_dir):
 
 
 def test_grpo_7b_stops_at_once_on_a_machine_without_its_gpus(tmp_path):
-    start = time.monotonic()
     out = run_cli("+exp=grpo_7b", "logger=jsonl", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 1
     text = out.stdout + out.stderr
     assert "trainer=gpu needs 8 CUDA GPUs" in text and "trainer=plan" in text
     assert "Traceback" not in text
-    assert time.monotonic() - start < 60
     assert not any((tmp_path / name).exists() for name in ("metrics.jsonl", "schedule.json"))
 
 

@@ -8,7 +8,6 @@ import math
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -64,11 +63,8 @@ def losses(rows: list[dict]) -> list[float]:
 
 
 def test_default_command_trains_tiny_model_on_two_ranks(tmp_path: Path) -> None:
-    start = time.perf_counter()
     out = ok(run_cli(tmp_path, timeout=300))
-    elapsed = time.perf_counter() - start
     rows = metrics(tmp_path)
-    print(f"default command: {elapsed:.0f} s, losses {[round(x, 4) for x in losses(rows)]}")
     assert "Launching 2 gloo workers" in out
     assert [r["step"] for r in rows] == list(range(len(rows))) and len(rows) >= 3
     assert all(math.isfinite(x) for x in losses(rows))
@@ -82,7 +78,6 @@ def test_default_command_trains_tiny_model_on_two_ranks(tmp_path: Path) -> None:
         "batch/token_imbalance",
     ):
         assert key in rows[0]
-    assert elapsed < 150
 
 
 def test_torchrun_workers_share_one_run_dir(tmp_path: Path, reference: list[dict]) -> None:
