@@ -28,6 +28,7 @@ class BatchingStrategy(ABC):
         layout: ParallelLayout,
         global_batch_size: int | None,
         max_tokens_per_gpu: int | None = None,
+        flops_coefficients: tuple[float, float] | None = None,
     ) -> None:
         if global_batch_size is not None and global_batch_size < 1:
             raise SlimeHydraError(
@@ -41,6 +42,8 @@ class BatchingStrategy(ABC):
         self.layout = layout
         self.global_batch_size = global_batch_size
         self.max_tokens_per_gpu = max_tokens_per_gpu
+        self.flops_coefficients = flops_coefficients
+        """(a, b) of the model's cost a·L + b·L² per sequence, when the config names a model."""
 
     @property
     def name(self) -> str:
