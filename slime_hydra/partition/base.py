@@ -18,6 +18,8 @@ class Partitioner(Protocol):
     The count K returned satisfies K >= min_parts and (K + offset) % align == 0; among such K the
     smallest one the partitioner can fill is expected, with the largest part as small as it can,
     though balancing below `floor` (a part the caller already has elsewhere) buys nothing.
+    `sizes`, when given, are what `cap` limits and `weights` what is balanced (FLOPs balance);
+    the caller passes it only then.
     """
 
     def __call__(
@@ -29,6 +31,7 @@ class Partitioner(Protocol):
         offset: int = 0,
         min_parts: int = 1,
         floor: int = 0,
+        sizes: Sequence[int] | None = None,
     ) -> Parts: ...
 
 

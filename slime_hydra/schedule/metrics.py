@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
 
 from slime_hydra.partition import align_up
+from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.schedule import StepSchedule
@@ -34,14 +36,22 @@ def step_metrics(
     layout: ParallelLayout,
     flops_coefficients: tuple[float, float],
 ) -> dict[str, float | int | None]:
-    """The batch/* metrics of one step (per rank counts, imbalances as max/mean)."""
+    """The batch/* metrics of one step (per rank counts, imbalances as max/mean).
+
+    `flops_imbalance` is over micro-batches and `dp_flops_imbalance` over DP ranks, with a
+    sequence's cost a·L + b·L² from `flops_coefficients`. `mb_tokens_lb` is a proven lower
+    bound on the largest micro-batch of any schedule with this step's micro-batch count
+    (partition.bounds), so `mb_tokens_max / mb_tokens_lb - 1` is the most any schedule at this
+    count could still gain.
+    """
     mbs = [mb for rank in step.ranks for mb in rank]
     mb_tokens = [sum(lengths[i] for i in mb) for mb in mbs]
     rank_tokens = [sum(lengths[i] for mb in rank for i in mb) for rank in step.ranks]
     linear, quadratic = flops_coefficients
+    mb_flops = [sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) for mb in mbs]
+    ends = list(accumulate(len(rank) for rank in step.ranks))
     rank_flops = [
-        sum(flops_workloads([lengths[i] for mb in rank for i in mb], linear, quadratic))
-        for rank in step.ranks
+        sum(mb_flops[e - len(rank) : e]) for rank, e in zip(step.ranks, ends, strict=True)
     ]
     samples = step.samples
     k = step.num_microbatches
@@ -63,7 +73,11 @@ def step_metrics(
         "batch/mb_tokens_min": min(mb_tokens),
         "batch/token_imbalance": _imbalance(mb_tokens),
         "batch/dp_token_imbalance": _imbalance(rank_tokens),
-        "batch/flops_imbalance": _imbalance(rank_flops),
+        "batch/flops_imbalance": _imbalance(mb_flops),
+        "batch/dp_flops_imbalance": _imbalance(rank_flops),
+        "batch/mb_tokens_lb": max_part_lower_bound(
+            [lengths[i] for i in step.samples], len(mbs), upper=max(mb_tokens)
+        ),
         "batch/cap_utilization": utilization,
         "batch/cap_violations": violations,
         "batch/empty_microbatches": sum(1 for mb in mbs if not mb),

@@ -1,0 +1,67 @@
+"""A proven lower bound on the heaviest part when items fill a given number of parts.
+
+For a candidate maximum T, any partition into `parts` parts of load <= T must satisfy:
+- every item is at most T, and the total is at most parts × T;
+- items over T/2 ("big") sit in distinct parts, so there are at most `parts` of them;
+- a part holds at most two items over T/3, so there are at most 2 × parts of them;
+- for every size y, the small items of size >= y fit only into parts whose room left after
+  their big item (T, or T - big) is >= y, so their total is at most the sum of those rooms.
+A T failing any test is below the optimum. Feasibility grows with T (a bigger T only adds
+room), so the smallest T passing all tests, found by bisection, is a lower bound on the
+heaviest part of every partition; the tests are O(n log n) with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _passes(desc: np.ndarray, prefix: np.ndarray, parts: int, t: int) -> bool:
+    """Whether `parts` parts of load <= t can pass the tests for items `desc` (descending),
+    `prefix` their inclusive cumulative sums."""
+    if desc[0] > t or prefix[-1] > parts * t:
+        return False
+    nbig = int(np.searchsorted(-2 * desc, -t, side="left"))  # items with 2w > t
+    if nbig > parts:
+        return False
+    if int(np.searchsorted(-3 * desc, -t, side="left")) > 2 * parts:
+        return False
+    small = desc[nbig:]
+    if small.size == 0:
+        return True
+    rooms = t - desc[:nbig]  # ascending room left beside each big item
+    room_suffix = np.concatenate((np.cumsum(rooms[::-1])[::-1], [0]))
+    demand = prefix[nbig:] - (prefix[nbig - 1] if nbig else 0)
+    fits = room_suffix[np.searchsorted(rooms, small, side="left")]
+    supply = (parts - nbig) * t + fits
+    return bool((demand <= supply).all())
+
+
+def max_part_lower_bound(
+    weights: Sequence[int], parts: int, upper: int | None = None, rel_tol: float = 0.0
+) -> int:
+    """The smallest integer T that passes every test above: no partition of `weights` into
+    `parts` parts has its heaviest part below it. `upper`, a load known to be reachable (a
+    partition's heaviest part), shortens the bisection; with `rel_tol` > 0 it stops once the
+    bracket is within that fraction and returns its lower end (still a bound, at most that much
+    weaker). 0 for no items."""
+    if len(weights) == 0:
+        return 0
+    if parts < 1:
+        raise ValueError(f"max_part_lower_bound needs parts >= 1, got {parts}")
+    desc = np.sort(np.asarray(weights, dtype=np.int64))[::-1]
+    prefix = np.cumsum(desc)
+    lo = max(int(desc[0]), -(-int(prefix[-1]) // parts))
+    # At 3 × the largest item no item is over T/3, and T >= the mean: every test passes.
+    hi = max(lo, 3 * int(desc[0])) if upper is None else max(lo, int(upper))
+    if not _passes(desc, prefix, parts, hi):  # only if `upper` was not reachable
+        hi = max(hi, 3 * int(desc[0]))
+    while lo < hi and hi - lo > rel_tol * lo:
+        mid = (lo + hi) // 2
+        if _passes(desc, prefix, parts, mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
