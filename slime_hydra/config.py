@@ -7,13 +7,15 @@ composition; `validate` then checks what spans fields, before anything runs.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import logging
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slime_hydra.data.slime_dump import SlimeDump
@@ -23,8 +25,9 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import FanOut, RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
-from slime_hydra.schedule.dynamic import DpSplit, Oversize
+from slime_hydra.schedule.dynamic import Balance, DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
+from slime_hydra.train.flops import ModelDims, flops_coefficients
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class DynamicBatchingConfig(BatchingConfig):
     dp_split: DpSplit = DpSplit.auto
     """`pack` (pack the step, deal parts to ranks), `kk` (split ranks first) or `auto` (best)."""
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
+    balance: Balance = Balance.tokens
+    """`tokens` or `flops` (a·L + b·L² per sequence from the model group); the cap is hard."""
 
 
 @dataclass
@@ -85,6 +90,16 @@ def schema_of(cls: type, target: bool = True) -> type:
         default = MISSING if f.default is dataclasses.MISSING else f.default
         specs.append((f.name, hints[f.name], field(default=default)))
     return make_dataclass(f"{cls.__name__}Config", specs)
+
+
+@dataclass
+class IteratorConfig:
+    """The micro-batch iterator (slime_hydra.data.iterator.MicrobatchIterator or a replacement
+    with its constructor); the engine adds the rollout, the rank's micro-batches and its place."""
+
+    _target_: str = "slime_hydra.data.iterator.MicrobatchIterator"
+    pad_multiple: int | None = None
+    """Pad each packed micro-batch to a multiple of this many tokens; null means tp × 128."""
 
 
 @dataclass
@@ -112,6 +127,7 @@ class Config:
     data: Any = MISSING
     model: Any = MISSING
     trainer: Any = MISSING
+    iterator: Any = MISSING
     logger: Any = MISSING
     seed: int = 1234
 
@@ -135,21 +151,26 @@ def register_configs() -> None:
     cs.store(group="trainer", name="base_plan", node=schema_of(PlanTrainer))
     cs.store(group="trainer", name="base_cpu", node=schema_of(CpuTrainer))
     cs.store(group="trainer", name="base_gpu", node=schema_of(GpuTrainer))
+    cs.store(group="iterator", name="base_iterator", node=IteratorConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
 
 
-def build(node: DictConfig, **runtime: Any) -> Any:
-    """Instantiate a `_target_` node, then call it with the runtime arguments (kept as objects,
-    not converted to config), surfacing our errors unwrapped."""
+def factory(node: DictConfig) -> Any:
+    """Instantiate a `_target_` node partially: a callable that takes the runtime arguments
+    (kept as objects, not converted to config), surfacing our errors unwrapped."""
     log.info("Instantiating <%s>", node._target_)
     try:
-        factory = instantiate(node, _partial_=True)
+        return instantiate(node, _partial_=True)
     except InstantiationException as exc:
         if isinstance(exc.__cause__, SlimeHydraError):
             raise exc.__cause__ from None
         raise SlimeHydraError(str(exc)) from None
-    return factory(**runtime)
+
+
+def build(node: DictConfig, **runtime: Any) -> Any:
+    """Instantiate a `_target_` node and call it with the runtime arguments."""
+    return factory(node)(**runtime)
 
 
 def layout_of(cfg: DictConfig) -> ParallelLayout:
@@ -157,10 +178,74 @@ def layout_of(cfg: DictConfig) -> ParallelLayout:
     return ParallelLayout(**OmegaConf.to_container(cfg.parallel, resolve=True))
 
 
+CHECKED_GROUPS = ("batching", "parallel", "data", "trainer", "logger")
+"""Groups whose keys are the arguments of one class: a key it does not take is an error."""
+
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
+def _accepted(node: DictConfig, group: str) -> set[str] | None:
+    """The keys the node's class takes (None: it takes any)."""
+    if group == "parallel":
+        return {f.name for f in fields(ParallelLayout)}
+    target = node.get("_target_")
+    if not isinstance(target, str):
+        return None
+    try:
+        params = inspect.signature(get_object(target)).parameters.values()
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return None  # instantiation reports a bad _target_ itself
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params} | _HYDRA_KEYS
+
+
+def _unknown_keys(node: DictConfig, where: str, group: str) -> list[tuple[str, list[str]]]:
+    """(dotted key, the keys its node takes) of each key no class reads, nested nodes too."""
+    accepted = _accepted(node, group)
+    out = []
+    for key in node:
+        value = node._get_node(key)
+        if accepted is not None and key not in accepted:
+            out.append((f"{where}.{key}", sorted(accepted - _HYDRA_KEYS)))
+        elif isinstance(value, DictConfig) and "_target_" in value:
+            out += _unknown_keys(value, f"{where}.{key}", key)
+    return out
+
+
+def check_keys(cfg: DictConfig) -> None:
+    """Every required value is set and every key is read by something: `data=jsonl` without
+    data.path, or `+parallel.dpp=4` (Hydra's own hint after a typo), is one clear error."""
+    missing = sorted(k for k in OmegaConf.missing_keys(cfg) if not k.startswith("hydra."))
+    if missing:
+        raise SlimeHydraError(
+            f"{', '.join(missing)} must be set: add {' '.join(f'{k}=...' for k in missing)} to "
+            "the command (e.g. data=jsonl needs data.path=/path/to/trace.jsonl)."
+        )
+    for group in CHECKED_GROUPS:
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig):
+            continue
+        for key, accepted in _unknown_keys(node, group, group):
+            name = key.rsplit(".", 1)[1]
+            close = difflib.get_close_matches(name, accepted, n=1)
+            hint = f"did you mean {key.rsplit('.', 1)[0]}.{close[0]}? " if close else ""
+            raise SlimeHydraError(
+                f"{key} is not a setting: nothing reads it, so a `+{key}=...` override would be "
+                f"silently ignored. {hint}The settings there are: {', '.join(accepted)}."
+            )
+
+
 def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     """Check the whole config before anything runs; return the layout and batching strategy."""
+    check_keys(cfg)
     layout = layout_of(cfg)
-    strategy = build(cfg.batching, layout=layout)
+    runtime = {}
+    if OmegaConf.select(cfg, "batching.balance") == Balance.flops:
+        # The same cost model that plan mode's sim/* and the flops metrics use.
+        dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
+        runtime["flops_coefficients"] = flops_coefficients(dims)
+    strategy = build(cfg.batching, layout=layout, **runtime)
     strategy.check_step_size(strategy.global_batch_size)
     group = OmegaConf.select(cfg, "data.n_samples_per_prompt")
     if group is not None and strategy.global_batch_size % group:
@@ -172,6 +257,8 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     return layout, strategy
 
 
-def open_sinks(cfg: DictConfig, run: RunInfo) -> FanOut:
-    """metrics.jsonl in the run dir (always), then the `logger` group's sink."""
-    return FanOut([JsonlSink(run.run_dir / "metrics.jsonl"), build(cfg.logger, run=run)])
+def open_sinks(cfg: DictConfig, run: RunInfo, start_step: int = 0) -> FanOut:
+    """metrics.jsonl in the run dir (always; kept up to `start_step`, the first step this run
+    logs), then the `logger` group's sink."""
+    jsonl = JsonlSink(run.run_dir / "metrics.jsonl", start_step)
+    return FanOut([jsonl, build(cfg.logger, run=run)])

@@ -119,3 +119,27 @@ def test_capped_partition_finds_a_tight_packing_lpt_misses():
     parts = capped_partition(weights, 10)
     assert len(parts) == 2
     assert max(part_sums(parts, weights)) <= 10
+
+
+def test_capped_partition_balances_weights_under_a_cap_on_sizes():
+    # Tokens [6, 3, 3, 2, 2, 2] under cap 10 need 2 parts. By tokens the best is 9 + 9
+    # ({6, 3} and {3, 2, 2, 2}), whose FLOPs (L²) are 45 and 21. By FLOPs the 6 cannot sit
+    # alone (the other 12 tokens would break the cap), so its lightest partner set is one 2:
+    # {6, 2} = 40 and {3, 3, 2, 2} = 26 (10 tokens, at the cap).
+    sizes = [6, 3, 3, 2, 2, 2]
+    flops = [n * n for n in sizes]
+    parts = capped_partition(flops, 10, sizes=sizes)
+    assert len(parts) == 2
+    assert max(part_sums(parts, flops)) == 40
+    assert max(part_sums(parts, sizes)) <= 10
+
+
+@settings(max_examples=200)
+@given(st.lists(st.integers(1, 4000), min_size=1, max_size=100), st.integers(4000, 12_000))
+def test_capped_partition_with_sizes_keeps_the_size_cap(sizes, cap):
+    flops = [n + n * n // 64 for n in sizes]
+    parts = capped_partition(flops, cap, sizes=sizes)
+    assert _is_partition(parts, len(sizes))
+    assert all(parts)
+    assert max(part_sums(parts, sizes)) <= cap
+    assert len(parts) <= len(first_fit(sizes, cap))

@@ -1,0 +1,64 @@
+"""The lower bound on the largest part: hand-checked values, and never above the optimum."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.partition import capped_partition, part_sums
+from slime_hydra.partition.bounds import max_part_lower_bound
+
+
+@pytest.mark.parametrize(
+    ("weights", "parts", "bound"),
+    [
+        # Three 6s in 2 parts: below 12 every 6 is over T/2, and three cannot have own parts.
+        ([6, 6, 6], 2, 12),
+        # The mean, 10: each 7 in its own part with a 3 beside it.
+        ([7, 7, 7, 3, 3, 3], 3, 10),
+        # Mean 22/3 -> 8: the 6s are big at 8, their rooms 2 + 2 + 2 hold the 2s.
+        ([6, 6, 6, 2, 2], 3, 8),
+        # Four 9s in 2 parts: two share a part below T = 18, and 1 more goes somewhere: 19.
+        ([9, 9, 9, 9, 1], 2, 19),
+        # More parts than items: the largest item.
+        ([10], 3, 10),
+        # Mean 10, but below 12 all five 4s are over T/3 and 2 parts hold at most 4 of them.
+        ([4, 4, 4, 4, 4], 2, 12),
+    ],
+)
+def test_hand_computed_bounds(weights, parts, bound):
+    assert max_part_lower_bound(weights, parts) == bound
+
+
+def test_the_room_test_lifts_the_bound_above_the_mean():
+    # Mean 199 / 3 -> 67. At T = 71 the 63, 43 and 37 are all over T/2, so each has its own
+    # part, with rooms 8, 28 and 34: the 35 fits none of them. At 72 the 37's room is 35 and the
+    # 35 fits there, the 21 beside the 43 (room 29): 72, which {63}, {43, 21}, {37, 35} reaches.
+    assert max_part_lower_bound([63, 43, 37, 35, 21], 3) == 72
+
+
+def _optimum(weights: list[int], parts: int) -> int:
+    return min(
+        max(sum(w for w, a in zip(weights, assign, strict=True) if a == p) for p in range(parts))
+        for assign in itertools.product(range(parts), repeat=len(weights))
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=7), st.integers(1, 3))
+def test_the_bound_never_exceeds_the_brute_force_optimum(weights, parts):
+    bound = max_part_lower_bound(weights, parts)
+    assert max(weights) <= bound <= _optimum(weights, parts)
+    # A reachable upper hint changes nothing.
+    assert max_part_lower_bound(weights, parts, upper=_optimum(weights, parts)) == bound
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 5000), min_size=1, max_size=150), st.integers(1, 24))
+def test_the_bound_is_below_what_the_partitioner_reaches(weights, parts):
+    parts = min(parts, len(weights))
+    got = max(part_sums(capped_partition(weights, 1 << 40, min_parts=parts), weights))
+    assert max_part_lower_bound(weights, parts) <= got
