@@ -73,3 +73,51 @@ def pack_first(
         room.append(cap - sum(lengths[i] for i in second))
     order = sorted(range(len(bins)), key=lambda b: room[b])
     return [[bins[b] for b in order[r::dp]] for r in range(dp)]
+
+
+def verl_rearrange(
+    lengths: Sequence[int], samples: Sequence[int], dp: int, max_token_len: int, group: int = 1
+) -> list[list[list[int]]]:
+    """verl's rearrange_micro_batches (same_micro_num_in_dp), per its documented algorithm.
+
+    The step is split over ranks by equal-size Karmarkar-Karp (verl's balance_batch); each rank
+    asks for ceil(its tokens / max_token_len) micro-batches (at most its sample count); the
+    count is all-reduced to the MAX and rounded up to the VPP group; each rank then splits its
+    samples into that many parts by free-size Karmarkar-Karp. Parts are never checked against
+    max_token_len, so they can break it.
+    """
+    ids = list(samples)
+    split = textbook_kk_equal([lengths[i] for i in ids], dp)
+    ranks = [[ids[j] for j in part] for part in split]
+    k = max(min(len(r), -(-sum(lengths[i] for i in r) // max_token_len)) for r in ranks)
+    k = -(-k // group) * group
+    out = []
+    for r in ranks:
+        parts = textbook_kk([lengths[i] for i in r], k)
+        out.append([[r[j] for j in part] for part in parts])
+    return out
+
+
+def textbook_kk_equal(weights: Sequence[int], k: int) -> list[list[int]]:
+    """Equal-size Karmarkar-Karp into k parts (sizes differ by at most one; n padded with
+    zero-weight fillers to a multiple of k, dropped after)."""
+    n = len(weights)
+    order = sorted(range(n), key=lambda i: (weights[i], i))
+    padded: list[int | None] = [None] * ((-n) % k) + order
+    heap: list[tuple[int, int, list[list]]] = []
+    for tie, start in enumerate(range(0, len(padded), k)):
+        parts = [
+            [0 if i is None else weights[i], [] if i is None else [i]]
+            for i in padded[start : start + k]
+        ]
+        parts.sort(key=lambda part: part[0], reverse=True)
+        heapq.heappush(heap, (parts[-1][0] - parts[0][0], tie, parts))
+    tie = len(heap)
+    while len(heap) > 1:
+        _, _, a = heapq.heappop(heap)
+        _, _, b = heapq.heappop(heap)
+        merged = [[a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]] for j in range(k)]
+        merged.sort(key=lambda part: part[0], reverse=True)
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
+        tie += 1
+    return [sorted(items) for _, items in heap[0][2]]

@@ -1,8 +1,13 @@
-"""Scheduling benchmark: partitioner speed and balance, planning time, schedule quality.
+"""Scheduling benchmark: partitioner speed and balance, plan time, quality beside peers.
 
-Run `python benchmarks/bench_schedule.py` (full, a few minutes) or with `--quick` (a smaller
-grid and single repeats, well under 30 s). Prints one table per part and a PASS/FAIL summary
-per target; the exit status is 0 either way (the figures are the result).
+Run `python benchmarks/bench_schedule.py` (full, several minutes) or with `--quick` (a smaller
+grid and single repeats). Prints one table per part and a PASS/FAIL summary per target; the
+exit status is 0 either way (the figures are the result). Times are CPU time of this process
+(time.process_time), so other load on the machine inflates them less than wall time.
+
+Peers, written from their documented algorithms (benchmarks/baselines.py): slime's current
+pack-first (first-fit, split to a multiple of dp·g, deal round-robin) and verl's
+rearrange_micro_batches (KK into the all-reduced count ceil(tokens / max_token_len)).
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from baselines import pack_first, textbook_kk
+import numpy as np
+from baselines import pack_first, textbook_kk, verl_rearrange
+from omegaconf import OmegaConf
 
 from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import capped_partition, part_sums
+from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -30,13 +39,19 @@ from slime_hydra.schedule import (
     StepSchedule,
     microbatch_lower_bound,
     step_metrics,
-    violations,
 )
+from slime_hydra.train.flops import ModelDims, flops_coefficients
 
 FREE_CAP = 1 << 62
 MAX_PROMPT_LEN = 1024
 RESPONSE_MEDIAN = 2048
-FLOPS = (1.0, 0.0)  # token counts; the FLOPs imbalance is not a target here
+ROOT = Path(__file__).resolve().parents[1]
+# The cost a·L + b·L² of conf/model/qwen2_5_7b.yaml: what balance=flops and plan mode use.
+FLOPS = flops_coefficients(
+    ModelDims.from_mapping(
+        OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/qwen2_5_7b.yaml"))
+    )
+)
 
 
 @dataclass
@@ -61,14 +76,26 @@ def grpo_lengths(num_samples: int, max_response_len: int, seed: int) -> tuple[li
     return [int(n) for n in batch.total_lengths], [int(g) for g in batch.group_ids]
 
 
+def truncation_lengths(num_samples: int, cap: int, seed: int) -> list[int]:
+    """A truncation-heavy step: 35% of samples just over cap/2 (responses cut at the limit),
+    50% short, and a long tail of 15% between 0.6 and 1.0 × cap."""
+    rng = np.random.default_rng(seed)
+    kind = rng.random(num_samples)
+    just_over = rng.integers(cap // 2 + 1, int(cap * 0.56), num_samples)
+    short = np.clip(rng.lognormal(np.log(cap / 10), 0.6, num_samples), 16, cap // 2).astype(int)
+    tail = rng.integers(int(cap * 0.6), cap + 1, num_samples)
+    out = np.where(kind < 0.35, just_over, np.where(kind < 0.85, short, tail))
+    return [int(n) for n in out]
+
+
 def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Median wall time in seconds over `repeats` calls, and the last result."""
+    """Median CPU time in seconds over `repeats` calls, and the last result."""
     times = []
     result = None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         result = fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times), result
 
 
@@ -136,8 +163,8 @@ def bench_partition(repeats: int) -> list[Target]:
 PLAN_TARGET_MS = {4096: 10.0, 16384: 50.0}
 
 
-def bench_planning(repeats: int, splits: Sequence[str]) -> list[Target]:
-    """One step's plan time, dp=32, cap 16384, per DP split, beside pack_first."""
+def bench_planning(repeats: int) -> list[Target]:
+    """One step's plan time (CPU) on dp=32, cap 16384, beside slime's pack-first."""
     cap = 16384
     layouts = {
         "pp1": ParallelLayout(dp=32),
@@ -153,196 +180,302 @@ def bench_planning(repeats: int, splits: Sequence[str]) -> list[Target]:
             t_pf, pf = median_time(
                 partial(pack_first, lengths, samples, layout.dp, cap, align), repeats
             )
-            for split in splits:
-                strategy = DynamicBatching(layout, None, cap, dp_split=split)
-                t, ranks = median_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
-                rows.append(
-                    [
-                        n,
-                        name,
-                        split,
-                        f"{t * 1e3:.1f}",
-                        len(ranks[0]),
-                        f"{t_pf * 1e3:.1f}",
-                        len(pf[0]),
-                        f"{limit:.0f}",
-                    ]
+            strategy = DynamicBatching(layout, None, cap)
+            t, ranks = median_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
+            ratio = t_pf / t
+            rows.append(
+                [
+                    n,
+                    name,
+                    f"{t * 1e3:.1f}",
+                    len(ranks[0]),
+                    f"{t_pf * 1e3:.1f}",
+                    len(pf[0]),
+                    f"{ratio:.1f}x",
+                    f"{limit:.0f}",
+                ]
+            )
+            targets.append(
+                Target(
+                    f"plan {n} samples dp=32 {name} <= {limit:.0f} ms CPU",
+                    t * 1e3 <= limit,
+                    f"{t * 1e3:.1f} ms",
                 )
-                if split == "auto":
-                    targets.append(
-                        Target(
-                            f"plan {n} samples dp=32 {name} < {limit:.0f} ms",
-                            t * 1e3 < limit,
-                            f"{t * 1e3:.1f} ms",
-                        )
+            )
+            if n == 16384:
+                targets.append(
+                    Target(
+                        f"plan {n} dp=32 {name} >= 20x faster than slime pack-first",
+                        ratio >= 20,
+                        f"{ratio:.1f}x",
                     )
+                )
     print_table(
-        f"Planning one step: DynamicBatching(cap={cap}) by dp_split vs pack_first "
-        f"(median of {repeats}; auto is the default and is what the target measures)",
-        ["n", "layout", "split", "plan_ms", "K", "pf_ms", "pf_K", "target_ms"],
+        f"Planning one step: DynamicBatching(cap={cap}, dp_split=auto) vs slime pack-first "
+        f"(CPU ms, median of {repeats})",
+        ["n", "layout", "ours_ms", "K", "pf_ms", "pf_K", "pf/ours", "target_ms"],
         rows,
     )
     return targets
 
 
+def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
+    """Plan time from 1k to 64k samples, 256 samples per DP rank (dp256 at 65,536)."""
+    cap = 16384
+    rows = []
+    per_nlogn = {}
+    t_top = 0.0
+    for n in sizes:
+        dp = max(1, n // 256)
+        lengths, _ = grpo_lengths(n, cap - MAX_PROMPT_LEN, seed=11)
+        strategy = DynamicBatching(ParallelLayout(dp=dp), None, cap)
+        t, ranks = median_time(partial(strategy.plan_step, lengths, list(range(n)), 0), repeats)
+        per_nlogn[n] = t / (n * np.log2(n))
+        t_top = t
+        rows.append([n, dp, len(ranks[0]), f"{t * 1e3:.1f}", f"{per_nlogn[n] * 1e9:.1f}"])
+    print_table(
+        f"Plan-time curve (cap={cap}, 256 samples per rank, CPU ms, median of {repeats})",
+        ["n", "dp", "K", "plan_ms", "ns per n·log2 n"],
+        rows,
+    )
+    first, last = per_nlogn[sizes[0]], per_nlogn[sizes[-1]]
+    targets = [
+        Target(
+            "cost grows no faster than n log n (ns per n·log2 n, largest / smallest <= 1.5)",
+            last / first <= 1.5,
+            f"{last / first:.2f}",
+        )
+    ]
+    if sizes[-1] == 65536:
+        targets.append(
+            Target(
+                "plan 65,536 samples on dp256 <= 150 ms CPU",
+                t_top * 1e3 <= 150,
+                f"{t_top * 1e3:.1f} ms",
+            )
+        )
+    return targets
+
+
+@dataclass
+class Result:
+    """One method's figures on one case."""
+
+    k: int
+    violations: int
+    empty: int
+    max_over_lb: float
+    token_imb: float
+    flops_imb: float
+    flops_over_lb: float
+    dp_flops_imb: float
+    dp_token_imb: float
+    ms: float
+
+
 @dataclass
 class Case:
-    """One quality-grid case and its measured figures."""
+    """One quality-grid case and every method's figures."""
 
     label: str
-    k: int
-    lb: int
-    pf_k: int
-    bad: int
-    empty: int
-    mb_imb: float
-    mb_floor: float
-    dp_imb: float
-    pf_mb_imb: float
-    pf_dp_imb: float
-    legacy: dict[str, tuple[int, int, int]]
-
-    @property
-    def excess(self) -> float:
-        """Micro-batches per rank above the lower bound, as a fraction of it."""
-        return self.k / self.lb - 1
+    k_lb: int
+    results: dict[str, Result | None]
+    legacy: dict[str, str]
 
 
-def run_case(dp: int, vpp: int, cap: int, n: int, seed: int) -> Case:
-    """Plan one step with DynamicBatching, pack_first and the two slime presets; measure."""
+METHODS = ("ours", "ours_flops", "slime_pf", "verl")
+
+
+def measure(
+    ranks: list, lengths: Sequence[int], cap: int, layout: ParallelLayout, ms: float
+) -> Result:
+    step = StepSchedule.build(0, ranks)
+    m = step_metrics(step, lengths, cap, layout, FLOPS)
+    a, b = FLOPS
+    cost = [int(a * n + b * n * n) for n in lengths]
+    mbs = [mb for rank in step.ranks for mb in rank]
+    flops_max = max(sum(cost[i] for i in mb) for mb in mbs)
+    flops_lb = max_part_lower_bound(cost, len(mbs), upper=flops_max, rel_tol=1e-4)
+    return Result(
+        k=m["batch/num_microbatches"],
+        violations=m["batch/cap_violations"],
+        empty=m["batch/empty_microbatches"],
+        max_over_lb=m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"],
+        token_imb=m["batch/token_imbalance"],
+        flops_imb=m["batch/flops_imbalance"],
+        flops_over_lb=flops_max / flops_lb,
+        dp_flops_imb=m["batch/dp_flops_imbalance"],
+        dp_token_imb=m["batch/dp_token_imbalance"],
+        ms=ms,
+    )
+
+
+def run_case(trace: str, dp: int, vpp: int, cap: int, n: int, seed: int) -> Case:
+    """Plan one step with every method and the two slime presets; measure them alike."""
     if vpp > 1:
         layout = ParallelLayout(dp=dp, pp=2, vpp=vpp, microbatch_group_size_per_vp_stage=2)
     else:
         layout = ParallelLayout(dp=dp)
     align = layout.microbatch_alignment
-    lengths, groups = grpo_lengths(n, min(16384, cap - MAX_PROMPT_LEN), seed)
+    if trace == "grpo":
+        lengths, _ = grpo_lengths(n, min(16384, cap - MAX_PROMPT_LEN), seed)
+    else:
+        lengths = truncation_lengths(n, cap, seed)
     samples = list(range(n))
-
-    def metrics(step: StepSchedule) -> dict[str, Any]:
-        return step_metrics(step, lengths, cap, layout, FLOPS)
-
-    schedule = DynamicBatching(layout, None, cap).plan(lengths, groups)
-    ours = metrics(schedule.steps[0])
-    pf = metrics(StepSchedule.build(0, pack_first(lengths, samples, dp, cap, align)))
+    planners: dict[str, Callable[[], list]] = {
+        "ours": partial(DynamicBatching(layout, None, cap).plan_step, lengths, samples, 0),
+        "ours_flops": partial(
+            DynamicBatching(layout, None, cap, balance="flops", flops_coefficients=FLOPS).plan_step,
+            lengths,
+            samples,
+            0,
+        ),
+        "slime_pf": partial(pack_first, lengths, samples, dp, cap, align),
+        "verl": partial(verl_rearrange, lengths, samples, dp, cap, align),
+    }
+    results: dict[str, Result | None] = {}
+    for name, planner in planners.items():
+        try:
+            t, ranks = median_time(planner, 1)
+        except ValueError:  # pack-first with no bin left to split
+            results[name] = None
+            continue
+        results[name] = measure(ranks, lengths, cap, layout, t * 1e3)
     legacy = {}
     for preset, rounding, fallback in (("slime_1848", "down", False), ("slime_1823", "up", True)):
         strategy = SlimeLegacyBatching(layout, None, cap, rounding, fallback, preset=preset)
-        m = metrics(strategy.plan(lengths, groups).steps[0])
-        legacy[preset] = (
-            m["batch/num_microbatches"],
-            m["batch/cap_violations"],
-            m["batch/empty_microbatches"],
-        )
-    k = ours["batch/num_microbatches"]
+        try:
+            m = step_metrics(strategy.plan(lengths, samples).steps[0], lengths, cap, layout, FLOPS)
+            legacy[preset] = (
+                f"{m['batch/num_microbatches']}/{m['batch/cap_violations']}/"
+                f"{m['batch/empty_microbatches']}"
+            )
+        except SlimeHydraError:
+            legacy[preset] = "crash"
     return Case(
-        label=f"dp={dp} vpp={vpp} cap={cap} n={n} seed={seed}",
-        k=k,
-        lb=microbatch_lower_bound(lengths, cap, dp, align),
-        pf_k=pf["batch/num_microbatches"],
-        bad=len(violations(schedule, layout, groups)),
-        empty=ours["batch/empty_microbatches"],
-        mb_imb=ours["batch/token_imbalance"],
-        mb_floor=max(lengths) * dp * k / sum(lengths),
-        dp_imb=ours["batch/dp_token_imbalance"],
-        pf_mb_imb=pf["batch/token_imbalance"],
-        pf_dp_imb=pf["batch/dp_token_imbalance"],
+        label=f"{trace} dp={dp} vpp={vpp} cap={cap} n={n}",
+        k_lb=microbatch_lower_bound(lengths, cap, dp, align),
+        results=results,
         legacy=legacy,
     )
 
 
+def _fmt(r: Result | None, key: str, spec: str) -> str:
+    return "-" if r is None else format(getattr(r, key), spec)
+
+
 def bench_quality(
-    dps: Sequence[int], vpps: Sequence[int], caps: Sequence[int], runs: Sequence[tuple[int, int]]
+    traces: Sequence[str],
+    dps: Sequence[int],
+    vpps: Sequence[int],
+    caps: Sequence[int],
+    runs: Sequence[tuple[int, int]],
 ) -> list[Target]:
-    """The quality grid: one row per case, then worst/mean per figure and the targets."""
+    """The grid: per case and method, K vs its bound, the largest micro-batch vs its proven
+    bound, cap violations, token and FLOPs imbalance, plan time as a ratio to ours."""
     cases = [
-        run_case(dp, vpp, cap, n, seed)
+        run_case(trace, dp, vpp, cap, n, seed)
+        for trace in traces
         for dp in dps
         for vpp in vpps
         for cap in caps
         for n, seed in runs
     ]
-    rows = [
-        [
-            c.label,
-            c.k,
-            c.lb,
-            c.pf_k,
-            f"{c.excess:+.1%}",
-            c.bad,
-            c.empty,
-            f"{c.mb_imb:.3f}",
-            f"{c.mb_floor:.3f}",
-            f"{c.dp_imb:.4f}",
-            f"{c.pf_mb_imb:.3f}",
-            f"{c.pf_dp_imb:.4f}",
-            *("/".join(map(str, c.legacy[p])) for p in ("slime_1848", "slime_1823")),
-        ]
-        for c in cases
-    ]
+    rows = []
+    for c in cases:
+        ours = c.results["ours"]
+        assert ours is not None
+        for name in METHODS:
+            r = c.results[name]
+            ratio = "-" if r is None else f"{r.ms / ours.ms:.1f}x"
+            rows.append(
+                [
+                    c.label if name == "ours" else "",
+                    name,
+                    _fmt(r, "k", "d"),
+                    c.k_lb,
+                    _fmt(r, "violations", "d"),
+                    _fmt(r, "empty", "d"),
+                    _fmt(r, "max_over_lb", ".4f"),
+                    _fmt(r, "token_imb", ".3f"),
+                    _fmt(r, "flops_imb", ".3f"),
+                    _fmt(r, "flops_over_lb", ".4f"),
+                    _fmt(r, "dp_token_imb", ".4f"),
+                    _fmt(r, "dp_flops_imb", ".4f"),
+                    _fmt(r, "ms", ".1f"),
+                    ratio,
+                    c.legacy["slime_1848"] if name == "ours" else "",
+                    c.legacy["slime_1823"] if name == "ours" else "",
+                ]
+            )
     print_table(
-        "Quality on synthetic GRPO steps (all samples <= cap; K = micro-batches per rank; "
-        "floor = max L / mean micro-batch at that K; legacy columns: K/cap violations/empties)",
+        "Quality per case (one step of n samples; K per rank, K_lb its lower bound; max/LB = "
+        "largest micro-batch / proven lower bound at that K (batch/mb_tokens_lb); imbalances "
+        "max/mean; flopsmax/LB = largest micro-batch FLOPs / proven bound on it at that K (a "
+        "lower K raises the mean, so imbalances compare only at equal K); FLOPs a·L + b·L² of "
+        "qwen2_5_7b; ms CPU and its ratio to ours; legacy columns K/violations/empties or crash)",
         [
             "case",
+            "method",
             "K",
-            "LB",
-            "pf_K",
-            "K/LB-1",
+            "K_lb",
             "viol",
             "empty",
-            "mb_imb",
-            "floor",
-            "dp_imb",
-            "pf_mb_imb",
-            "pf_dp_imb",
+            "max/LB",
+            "tok_imb",
+            "flops_imb",
+            "flopsmax/LB",
+            "dp_tok",
+            "dp_flops",
+            "ms",
+            "vs ours",
             "slime_1848",
             "slime_1823",
         ],
         rows,
     )
-    figures: dict[str, Callable[[Case], float]] = {
-        "invariant violations": lambda c: c.bad,
-        "empty micro-batches": lambda c: c.empty,
-        "K - pack_first K": lambda c: c.k - c.pf_k,
-        "K / LB - 1": lambda c: c.excess,
-        "micro-batch token imbalance": lambda c: c.mb_imb,
-        "  (its floor max L / mean)": lambda c: c.mb_floor,
-        "DP-rank token imbalance": lambda c: c.dp_imb,
-        "pack_first micro-batch imbalance": lambda c: c.pf_mb_imb,
-        "pack_first DP-rank imbalance": lambda c: c.pf_dp_imb,
-        "slime_1848 cap violations": lambda c: c.legacy["slime_1848"][1],
-        "slime_1848 empty micro-batches": lambda c: c.legacy["slime_1848"][2],
-        "slime_1823 cap violations": lambda c: c.legacy["slime_1823"][1],
-        "slime_1823 empty micro-batches": lambda c: c.legacy["slime_1823"][2],
-    }
+
+    def worst(name: str, key: str) -> str:
+        values = [getattr(c.results[name], key) for c in cases if c.results[name] is not None]
+        return f"{max(values):.4g} / {statistics.fmean(values):.4g}" if values else "-"
+
+    keys = ("violations", "max_over_lb", "token_imb", "flops_imb", "flops_over_lb", "dp_flops_imb")
     print_table(
-        f"Quality summary over {len(cases)} cases",
-        ["figure", "worst", "mean"],
-        [
-            [name, f"{max(map(f, cases)):.4g}", f"{statistics.fmean(map(f, cases)):.4g}"]
-            for name, f in figures.items()
-        ],
+        f"Summary over {len(cases)} cases (worst / mean)",
+        ["method", *keys],
+        [[name, *(worst(name, key) for key in keys)] for name in METHODS],
     )
-    mean_excess = statistics.fmean(c.excess for c in cases)
     checks: list[tuple[str, Callable[[Case], bool]]] = [
-        ("no invariant violation or empty micro-batch", lambda c: c.bad == 0 and c.empty == 0),
-        ("K <= pack_first K", lambda c: c.k <= c.pf_k),
-        ("micro-batch token imbalance <= 1.03", lambda c: c.mb_imb <= 1.03),
         (
-            "micro-batch token imbalance <= max(1.03, floor at that K)",
-            lambda c: c.mb_imb <= max(1.03, c.mb_floor) + 1e-9,
+            "ours: largest micro-batch <= 1.01 x proven bound, 0 violations, K = K_lb",
+            lambda c: (
+                c.results["ours"].max_over_lb <= 1.01
+                and c.results["ours"].violations == 0
+                and c.results["ours"].k == c.k_lb
+            ),
         ),
-        ("DP-rank token imbalance <= 1.01", lambda c: c.dp_imb <= 1.01),
+        (
+            "flops: micro-batch FLOPs imbalance <= verl's, 0 violations",
+            lambda c: (
+                c.results["ours_flops"].violations == 0
+                and c.results["ours_flops"].flops_imb <= c.results["verl"].flops_imb + 1e-9
+            ),
+        ),
+        (
+            "flops: rank FLOPs imbalance <= 1.01",
+            lambda c: c.results["ours_flops"].dp_flops_imb <= 1.01,
+        ),
     ]
-    targets = [Target("mean K / LB - 1 <= 3%", mean_excess <= 0.03, f"{mean_excess:.2%}")]
+    targets = []
     for name, ok in checks:
         missed = [c for c in cases if not ok(c)]
         targets.append(Target(name, not missed, f"{len(missed)}/{len(cases)} cases miss"))
         for c in missed:
+            o, f, v = c.results["ours"], c.results["ours_flops"], c.results["verl"]
             print(
-                f"  MISS [{name}] {c.label}: K={c.k} LB={c.lb} pf_K={c.pf_k} viol={c.bad} "
-                f"empty={c.empty} mb_imb={c.mb_imb:.3f} (floor {c.mb_floor:.3f}) "
-                f"dp_imb={c.dp_imb:.4f}"
+                f"  MISS [{name}] {c.label}: K={o.k} K_lb={c.k_lb} max/LB={o.max_over_lb:.4f} "
+                f"flops_imb={f.flops_imb:.3f} (verl {v.flops_imb:.3f}) "
+                f"dp_flops={f.dp_flops_imb:.4f}"
             )
     return targets
 
@@ -354,14 +487,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.quick:
-        targets = bench_partition(repeats=1) + bench_planning(repeats=1, splits=["auto"])
-        targets += bench_quality([8, 32], [1, 2], [16384], [(1024, 0)])
+        targets = bench_partition(repeats=1) + bench_planning(repeats=1)
+        targets += bench_curve([1024, 4096, 16384], repeats=1)
+        targets += bench_quality(["grpo", "truncation"], [8, 32], [1, 2], [16384], [(1024, 0)])
     else:
-        targets = bench_partition(repeats=3) + bench_planning(
-            repeats=3, splits=["auto", "pack", "kk"]
-        )
+        targets = bench_partition(repeats=3) + bench_planning(repeats=3)
+        targets += bench_curve([1024 << i for i in range(7)], repeats=3)
         targets += bench_quality(
-            [8, 16, 32], [1, 2], [12288, 16384, 24576, 32768], [(1024, 0), (2048, 1), (4096, 2)]
+            ["grpo", "truncation"], [8, 32], [1, 2], [12288, 16384], [(2048, 1), (4096, 2)]
         )
     print_table(
         f"Targets ({time.perf_counter() - start:.0f} s in all)",

@@ -13,7 +13,8 @@ Two ways to split a step across DP ranks:
 micro-batch is within the partitioner's tolerance of a proven lower bound on the heaviest
 micro-batch at that K (partition.bounds), and its ranks are within that tolerance of each
 other; otherwise it also plans `pack` and keeps the better by score: fewer micro-batches, then
-the worse of micro-batch and rank imbalance, then rank imbalance.
+the worse of micro-batch and rank imbalance (within the tolerance counted as equal), then rank
+imbalance.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class DynamicBatching(BatchingStrategy):
                 failures.append(exc)
         if not candidates:
             raise self._infeasible(lengths, samples, w, step, failures[0])
-        return min(candidates, key=lambda ranks: _score(ranks, w))
+        return _best(candidates, w, self.tolerance)
 
     def _infeasible(
         self,
@@ -258,6 +259,16 @@ class DynamicBatching(BatchingStrategy):
             ]
             k = max(len(mbs) for mbs in packed)
         return packed
+
+
+def _best(candidates: list[RankMicrobatches], w: Weights, tolerance: float) -> RankMicrobatches:
+    """The candidate of least score, where micro-batch/rank imbalances within `tolerance` of
+    the best count as equal, so that rank imbalance (a straggler) decides between them."""
+    scores = [_score(ranks, w) for ranks in candidates]
+    k = min(score[0] for score in scores)
+    worst = min(score[1] for score in scores if score[0] == k) * (1 + tolerance)
+    eligible = [i for i, score in enumerate(scores) if score[0] == k and score[1] <= worst]
+    return candidates[min(eligible, key=lambda i: (scores[i][2], scores[i][1]))]
 
 
 def _score(ranks: RankMicrobatches, w: Weights) -> tuple[int, float, float]:
