@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import sys
@@ -13,13 +12,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import build, validate
+from slime_hydra.config import build, factory, validate
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import RunInfo
+from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_run_files
 from slime_hydra.schedule import violations
 from slime_hydra.train.flops import ModelDims, flops_coefficients
 from slime_hydra.train.job import Job
-from slime_hydra.train.torchrun import is_rank_zero
+from slime_hydra.train.torchrun import is_rank_zero, torchrun_env
 
 log = logging.getLogger("slime_hydra")
 
@@ -70,32 +70,56 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
         rollout=rollout,
         schedule=schedule,
         flops_coefficients=flops_coefficients(dims),
+        iterator=factory(cfg.iterator),
     )
 
 
+def resuming(trainer: object) -> bool:
+    """Whether this run continues the run in its dir: trainer.resume, or torchrun restarting
+    its workers (each restarted rank runs the job again)."""
+    env = torchrun_env()
+    return bool(getattr(trainer, "resume", False)) or (env is not None and env.restart_count > 0)
+
+
 def run(cfg: DictConfig) -> float | None:
-    """Plan, let the trainer refuse what it cannot run, write the run dir, then train: the
+    """Lock the run dir, plan, let the run dir and the trainer refuse what they cannot take,
+    and only then write the run dir and train: a refused run leaves the dir as it was. The
     trainer logs through `open_sinks` where its metrics are (this process for plan, rank 0's
     worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: simulated s)."""
-    job = plan(cfg, run_info(cfg))
-    trainer = build(cfg.trainer)
-    trainer.check(job)
-    if is_rank_zero():  # under torchrun every rank plans; rank 0 alone writes the run dir
-        OmegaConf.save(cfg, job.run.run_dir / "config.yaml", resolve=True)
-        (job.run.run_dir / "schedule.json").write_text(json.dumps(job.schedule.to_json()))
-    objective = trainer.run(job)
+    info = run_info(cfg)
+    # Under torchrun every rank plans; rank 0 alone owns (locks, checks, writes) the run dir.
+    owner = is_rank_zero()
+    lock = RunDirLock(info.run_dir).acquire() if owner else None
+    refused = True
+    try:
+        job = plan(cfg, info)
+        trainer = build(cfg.trainer)
+        if owner:
+            claim(info.run_dir, info.config, resuming(trainer))
+        trainer.check(job)
+        if owner:
+            hydra = HydraConfig.get() if HydraConfig.initialized() else None
+            write_run_files(info.run_dir, cfg, job.schedule.to_json(), hydra)
+        refused = False
+        objective = trainer.run(job)
+    finally:
+        if lock is not None:
+            lock.release(refused=refused)
     log.info("Run dir: %s", job.run.run_dir)
     return objective
 
 
 def main(cfg: DictConfig) -> float | None:
     """Run, turning a user error into one paragraph: exit 1 in a single run; in a sweep, fail
-    only this job (its error.txt says why, its objective is +inf) and go on with the others."""
+    only this job (its error.txt says why, unless its dir holds another run; its objective is
+    +inf) and go on with the others."""
     try:
         return run(cfg)
     except SlimeHydraError as exc:
         log.error("%s", exc)
         if HydraConfig.get().mode == RunMode.MULTIRUN:
-            Path(HydraConfig.get().runtime.output_dir, "error.txt").write_text(f"{exc}\n")
+            job_dir = Path(HydraConfig.get().runtime.output_dir)
+            if not isinstance(exc, RunDirError) and not holds_run(job_dir):
+                (job_dir / "error.txt").write_text(f"{exc}\n")  # never into another run's dir
             return math.inf
         sys.exit(1)

@@ -228,8 +228,9 @@ def check_keys(cfg: DictConfig) -> None:
             continue
         for key, accepted in _unknown_keys(node, group, group):
             name = key.rsplit(".", 1)[1]
-            close = difflib.get_close_matches(name, accepted, n=1)
-            hint = f"did you mean {key.rsplit('.', 1)[0]}.{close[0]}? " if close else ""
+            close = difflib.get_close_matches(name, accepted, n=2)
+            parent = key.rsplit(".", 1)[0]
+            hint = f"Did you mean {' or '.join(f'{parent}.{c}' for c in close)}? " if close else ""
             raise SlimeHydraError(
                 f"{key} is not a setting: nothing reads it, so a `+{key}=...` override would be "
                 f"silently ignored. {hint}The settings there are: {', '.join(accepted)}."

@@ -4,11 +4,15 @@ Such a file is a `torch.save`d dict `{"rollout_id": int, "samples": [Sample.to_d
 Per sample we read `tokens`, `response_length`, `reward`, `group_index`, and when present
 `loss_mask` (None means every response token, as in slime), `rollout_log_probs`, an
 `advantages`/`advantage` field, and `remove_sample` (its loss mask is zeroed, as in slime).
+Every field is checked as read, naming the sample, the value and what was expected: tokens and
+per-token values are 1-D (never flattened), rewards are finite scalars, group ids integers
+(never rounded), so a malformed dump stops before anything is planned.
 """
 
 from __future__ import annotations
 
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +25,30 @@ from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
 
 _MISSING = object()
+
+DANGEROUS_MODULES = frozenset(
+    {
+        "os",
+        "posix",
+        "nt",
+        "subprocess",
+        "sys",
+        "builtins",
+        "__builtin__",
+        "shutil",
+        "socket",
+        "importlib",
+        "runpy",
+        "pty",
+        "code",
+        "eval",
+        "exec",
+        "webbrowser",
+        "ctypes",
+        "marshal",
+    }
+)
+"""Modules whose functions a pickle calls to run code; a dump that needs one is refused outright."""
 
 
 @dataclass(frozen=True)
@@ -39,16 +67,34 @@ class SlimeDump:
             raise SlimeHydraError(
                 f"slime dump {self.path!r} does not exist or is not a file; check data.path."
             )
-        if self.trust_pickle:
-            return torch.load(self.path, map_location="cpu", weights_only=False)
         try:
-            return torch.load(self.path, map_location="cpu", weights_only=True)
+            return torch.load(self.path, map_location="cpu", weights_only=not self.trust_pickle)
         except pickle.UnpicklingError as err:
+            needs = re.search(r"GLOBAL ([\w.]+)", str(err))
+            if needs is None or self.trust_pickle:
+                raise self._unreadable(err) from None
+            name = needs.group(1)
+            if name.split(".")[0] in DANGEROUS_MODULES:
+                raise SlimeHydraError(
+                    f"slime dump {self.path!r} asks the unpickler to call {name}, which no "
+                    "rollout dump needs: the file may be malicious, and it was not loaded. "
+                    "Regenerate it with slime's --save-debug-rollout-data."
+                ) from None
             raise SlimeHydraError(
-                f"slime dump {self.path!r} holds objects that only a full unpickler can rebuild, "
-                "and unpickling can run arbitrary code. If you trust this file, set "
-                f"data.trust_pickle=true. (torch.load said: {str(err).splitlines()[0]})"
-            ) from err
+                f"slime dump {self.path!r} holds a {name} object, which weights-only loading "
+                "refuses because unpickling it could run code; it was not loaded. Only for a dump "
+                "your own slime run wrote may data.trust_pickle=true load it fully."
+            ) from None
+        except Exception as err:  # torch raises RuntimeError/EOFError/... for a damaged file
+            raise self._unreadable(err) from None
+
+    def _unreadable(self, err: Exception) -> SlimeHydraError:
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        return SlimeHydraError(
+            f"slime dump {self.path!r} is not a readable torch.save file (truncated or damaged? "
+            f"{type(err).__name__}: {first}). Regenerate it with slime's "
+            "--save-debug-rollout-data; data.trust_pickle does not repair a damaged file."
+        )
 
     def _field(self, sample: Mapping, i: int, *names: str, default: object = _MISSING) -> object:
         """The first of `names` present (and not None) in sample i, else `default` or an error."""
@@ -74,11 +120,66 @@ class SlimeDump:
                     f"(got {self.reward_key!r})."
                 )
             reward = reward[self.reward_key]
-        return float(reward)
+        return self._finite_scalar(reward, i, "reward")
+
+    def _array(self, values: object, i: int, name: str, dtype: type | None) -> np.ndarray:
+        """`values` (a tensor or sequence) as a numpy array of `dtype` (None: as it is), or an
+        error naming the field."""
+        if isinstance(values, torch.Tensor):
+            values = values.detach().cpu().numpy()
+        try:
+            arr = np.asarray(values)
+            if arr.dtype == object or arr.dtype.kind in "USV":
+                raise TypeError(f"holds {arr.dtype} values")
+            return arr if dtype is None else arr.astype(dtype)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name} is not numeric ({exc})."
+            ) from None
+
+    def _finite_scalar(self, value: object, i: int, name: str) -> float:
+        """A single finite number (a Python/numpy number or one-element 0-d tensor)."""
+        arr = self._array(value, i, name, np.float64)
+        if arr.ndim != 0 or isinstance(value, bool):
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name} has shape {list(arr.shape)}; "
+                "expected a scalar (a dict reward needs data.reward_key)."
+            )
+        if not np.isfinite(arr):
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name}={float(arr)} is not finite; "
+                "training on it would turn the loss and the weights into NaN. Fix or drop the "
+                "sample in the rollout."
+            )
+        return float(arr)
+
+    def _integer(self, value: object, i: int, name: str) -> int:
+        """An integer scalar (Python, numpy or 0-d integer tensor); floats are not rounded."""
+        if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+            value = value.item()
+        if isinstance(value, np.generic) and np.issubdtype(type(value), np.integer):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**63:
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name}={value!r} is not an integer "
+                "(group ids and lengths are never rounded, so 0.3 and 0.7 cannot merge)."
+            )
+        return value
 
     def _per_response(self, values: object, response_length: int, i: int, name: str) -> np.ndarray:
-        """`values` as a 1-D array of one entry per response token of sample i."""
-        arr = np.asarray(values, dtype=np.float64).reshape(-1)
+        """`values` as a 1-D array of one finite entry per response token of sample i."""
+        arr = self._array(values, i, name, np.float64)
+        if arr.ndim != 1:
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name} has shape {list(arr.shape)}; "
+                f"expected 1-D, one value per response token ({response_length})."
+            )
+        if not np.all(np.isfinite(arr)):
+            j = int(np.flatnonzero(~np.isfinite(arr))[0])
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name}[{j}]={arr[j]} is not finite; fix or "
+                "drop the sample in the rollout."
+            )
         if len(arr) != response_length:
             raise SlimeHydraError(
                 f"slime dump {self.path!r}: sample {i} has {len(arr)} {name} values for "
@@ -101,8 +202,22 @@ class SlimeDump:
                 raise SlimeHydraError(
                     f"slime dump {self.path!r}: sample {i} is a {type(s).__name__}, not a dict."
                 )
-            tok = np.asarray(self._field(s, i, "tokens"), dtype=np.int64).reshape(-1)
-            r = int(self._field(s, i, "response_length"))
+            tok = self._array(self._field(s, i, "tokens"), i, "tokens", None)
+            if tok.ndim != 1:
+                raise SlimeHydraError(
+                    f"slime dump {self.path!r}: sample {i} tokens has shape {list(tok.shape)}; "
+                    "expected 1-D, one id per token (it is not flattened)."
+                )
+            integral = tok.dtype.kind in "iu" or (
+                tok.dtype.kind == "f" and bool(np.all(tok == np.round(tok)))
+            )
+            if not integral or (tok.size and tok.min() < 0):
+                raise SlimeHydraError(
+                    f"slime dump {self.path!r}: sample {i} tokens are not non-negative integer "
+                    f"ids (dtype {tok.dtype}, min {tok.min() if tok.size else None})."
+                )
+            tok = tok.astype(np.int64)
+            r = self._integer(self._field(s, i, "response_length"), i, "response_length")
             if not 0 <= r <= len(tok) or len(tok) == 0:
                 raise SlimeHydraError(
                     f"slime dump {self.path!r}: sample {i} has response_length={r} "
@@ -119,12 +234,12 @@ class SlimeDump:
             resp.append(r)
             masks.append(mask)
             rewards.append(self._reward(s, i))
-            groups.append(int(self._field(s, i, "group_index", "group_id")))
-            advantages.append(
-                adv
-                if adv is None or np.ndim(adv) == 0
-                else self._per_response(adv, r, i, "advantages")
-            )
+            groups.append(self._integer(self._field(s, i, "group_index", "group_id"), i, "group"))
+            if adv is not None and np.ndim(adv) == 0:
+                adv = self._finite_scalar(adv, i, "advantage")
+            elif adv is not None:
+                adv = self._per_response(adv, r, i, "advantages")
+            advantages.append(adv)
             logprobs.append(
                 None if lp is None else self._per_response(lp, r, i, "rollout_log_probs")
             )

@@ -1,7 +1,9 @@
 """Length traces (JSON Lines or Parquet): one record per sample, for planning from real logs.
 
-Each record has `total_length` (required) and optionally `response_length`, `group` and `step`.
-A sample without `group` is its own group; `step`, when every record has it, fixes the steps.
+Each record has `total_length` (required) and optionally `response_length`, `group` and `step`,
+all integers (int64; a float or a string is an error naming file and line, never rounded, so
+group ids 0.3 and 0.7 cannot merge). A sample without `group` is its own group (an id no explicit
+group uses); `step`, a non-negative integer, when every record has it, fixes the steps.
 Tokens are not part of a trace: a trainer synthesises them from the lengths.
 """
 
@@ -17,12 +19,27 @@ import numpy as np
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def integer(value: object, key: str, at: str, low: int | None = None) -> int:
+    """`value` as an int64 (at least `low`), or an error naming where, the value and the fix."""
+    what = "an integer" if low is None else f"an integer ≥ {low}"
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise SlimeHydraError(
+            f"{at}: {key}={value!r} is not {what}; write it as a JSON/Parquet integer "
+            "(floats and strings are not rounded or mapped)."
+        )
+    number = int(value)
+    if not INT64[0] <= number <= INT64[1]:
+        raise SlimeHydraError(f"{at}: {key}={number} does not fit a 64-bit integer.")
+    if low is not None and number < low:
+        raise SlimeHydraError(f"{at}: {key}={number} is not {what}.")
+    return number
+
 
 def _positive_int(record: dict, key: str, at: str) -> int:
-    value = record[key]
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-        raise SlimeHydraError(f"{at}: {key}={value!r} is not a positive integer.")
-    return int(value)
+    return integer(record[key], key, at, low=1)
 
 
 def _existing(path: str) -> Path:
@@ -42,8 +59,9 @@ def records_to_batch(records: Iterable[tuple[str, object]], source: Path) -> Rol
         has_response = record.get("response_length") is not None
         response.append(_positive_int(record, "response_length", at) if has_response else n)
         group = record.get("group")
-        groups.append(-len(total) if group is None else group)
-        steps.append(record.get("step"))
+        groups.append(None if group is None else integer(group, "group", at))
+        step = record.get("step")
+        steps.append(None if step is None else integer(step, "step", at, low=0))
     if not total:
         raise SlimeHydraError(
             f"{source} holds no samples: the rollout is empty, nothing to schedule."
@@ -56,9 +74,23 @@ def records_to_batch(records: Iterable[tuple[str, object]], source: Path) -> Rol
     return RolloutBatch(
         total_lengths=np.asarray(total, dtype=np.int64),
         response_lengths=np.asarray(response, dtype=np.int64),
-        group_ids=np.asarray(groups, dtype=np.int64),
+        group_ids=_fill_groups(groups, source),
         step_ids=np.asarray(steps, dtype=np.int64) if all(has_steps) else None,
     )
+
+
+def _fill_groups(groups: list[int | None], source: Path) -> np.ndarray:
+    """Group ids with each ungrouped sample (None) in a group of its own, numbered above every
+    explicit id so that none collides with one (e.g. with an explicit group -1)."""
+    explicit = [g for g in groups if g is not None]
+    first = max(explicit, default=-1) + 1
+    if first + len(groups) - len(explicit) > INT64[1]:
+        raise SlimeHydraError(
+            f"{source}: some records have no group and the explicit group ids reach {first - 1}, "
+            "leaving no free id for them; give every record a group or use smaller ids."
+        )
+    fresh = iter(range(first, first + len(groups)))
+    return np.asarray([next(fresh) if g is None else g for g in groups], dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,66 @@
-"""metrics.jsonl: one JSON object per step, flushed as it goes so a crash loses nothing logged."""
+"""metrics.jsonl: one JSON object per step, flushed as it goes so a crash loses nothing logged.
+
+Each step is in the file exactly once: a sink that starts at step k (a resume or an elastic
+restart from a checkpoint after k steps) first rewrites the file to the rows of steps before k,
+which the run is not going to log again. A torn last line (a process killed mid-write) is
+dropped with a warning; a bad line anywhere else is an error that names it.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from pathlib import Path
 
+from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Metrics
+
+log = logging.getLogger(__name__)
+
+
+def rows_before(path: Path, start_step: int) -> list[str]:
+    """The lines of `path` for steps before `start_step` (the last of any repeated step), in
+    step order; a torn last line is skipped. No file: no rows."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    by_step: dict[int, str] = {}
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            step = row["step"] if isinstance(row, dict) else None
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise ValueError(f"its step is {step!r}, not an integer")
+        except (json.JSONDecodeError, KeyError, ValueError) as exc:
+            if i == last:
+                log.warning("%s:%d: dropping a torn last line (%s)", path, i + 1, exc)
+                continue
+            raise SlimeHydraError(
+                f"{path}:{i + 1}: not a metrics row ({exc}); the file is damaged before its last "
+                "line, so the steps it holds cannot be trusted. Repair or remove that line, or "
+                "start a new run dir."
+            ) from None
+        if step < start_step:
+            by_step[step] = line
+    return [by_step[s] for s in sorted(by_step)]
 
 
 class JsonlSink:
-    """Appends each step's metrics as one line of JSON to `path`."""
+    """Writes each step's metrics as one line of JSON to `path`, after keeping only the rows of
+    steps before `start_step` that the file already holds."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, start_step: int = 0) -> None:
         self.path = Path(path)
+        kept = rows_before(self.path, start_step)
+        if kept or self.path.exists():
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text("".join(f"{line}\n" for line in kept))
+            os.replace(tmp, self.path)
         self._file = self.path.open("a")
 
     def log(self, metrics: Metrics) -> None:

@@ -4,14 +4,19 @@ Only the process that trains logs (rank 0 under torchrun), so everything comes f
 the resolved config is the run config, the sweep dir names the group, the job's overrides name
 the run and the trainer mode is the job type. Each step logs the metrics as given, plus a
 histogram of that step's micro-batch token counts, read from the run dir's schedule.json; close()
-writes a summary and a table of every micro-batch. Any wandb failure (no network, bad key, bad
-setting) logs one warning and turns the sink off; metrics.jsonl is written by its own sink.
+writes a summary and a table of every micro-batch. The run id lives in `<run dir>/wandb/run_id`:
+an elastic restart or `trainer.resume` logs to the same wandb run (offline, each attempt is an
+`offline-run-*` dir with that id: `wandb sync --append` them in order). Any wandb failure (no
+network, bad key, bad setting) logs one warning and turns the sink off; metrics.jsonl is written
+by its own sink.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from slime_hydra.log.sink import Metrics, RunInfo
@@ -20,6 +25,19 @@ from slime_hydra.report.rundir import microbatch_tokens, read_schedule, run_summ
 log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = ("step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap")
+
+
+def stored_run_id(run_dir: Path, new_id: Callable[[], str]) -> str:
+    """The wandb run id kept in the run dir, made (and kept) by the first sink that asks."""
+    path = Path(run_dir) / "wandb" / "run_id"
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_id = new_id()
+    tmp = path.with_name(".run_id.tmp")
+    tmp.write_text(f"{run_id}\n")
+    os.replace(tmp, path)
+    return run_id
 
 
 class WandbSink:
@@ -43,7 +61,10 @@ class WandbSink:
             import wandb
 
             self._wandb = wandb
+            run_id = stored_run_id(run.run_dir, wandb.util.generate_id)
             self._run = wandb.init(
+                id=run_id,
+                resume="allow",
                 project=project,
                 entity=entity,
                 mode=mode or os.environ.get("WANDB_MODE") or "offline",

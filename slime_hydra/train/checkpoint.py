@@ -1,8 +1,14 @@
 """Checkpoints in <run dir>/checkpoints: one file per rank per saved step, and `latest`.
 
 `step_NNNNNN/rank_RRR.pt` holds that rank's model and optimizer state, its RNG state, the
-number of steps done (NNNNNN) and a digest of the schedule. `latest` names the last step all
-ranks finished saving, so a worker killed mid-save leaves the previous checkpoint in force.
+number of steps done (NNNNNN), a digest of the schedule and the loop's counters. `latest` names
+the last step all ranks finished saving, so a worker killed mid-save leaves the previous
+checkpoint in force.
+
+Files hold tensors and plain containers only and load with `torch.load(weights_only=True)`, so
+a crafted checkpoint cannot run code. An optimizer state entry that is neither (megatron's
+optimizer may keep config objects there) is left out on save and taken from the freshly built
+optimizer on load; `dropped` in the file lists where.
 """
 
 from __future__ import annotations
@@ -10,7 +16,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +27,24 @@ import torch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule import Schedule
 
+FORMAT = 2
+"""Bumped when the file layout changes; version 1 files were full pickles (not loadable)."""
+
+HYPERPARAMETERS = ("lr", "weight_decay", "max_lr", "min_lr")
+"""Optimizer param-group values the run's config sets: a resume keeps the new config's."""
+
+_PLAIN = (bool, int, float, str, bytes, type(None), torch.Tensor, torch.dtype, torch.Size)
+
+Path_ = tuple[Any, ...]
+
 
 def checkpoint_root(run_dir: Path) -> Path:
     """Where a run's checkpoints live."""
     return Path(run_dir) / "checkpoints"
 
 
-def _rank_file(run_dir: Path, steps_done: int, rank: int) -> Path:
+def rank_file(run_dir: Path, steps_done: int, rank: int) -> Path:
+    """The file of `rank`'s state after `steps_done` steps."""
     return checkpoint_root(run_dir) / f"step_{steps_done:06d}" / f"rank_{rank:03d}.pt"
 
 
@@ -37,7 +56,16 @@ def schedule_digest(schedule: Schedule) -> str:
 def latest_step(run_dir: Path) -> int | None:
     """Steps done at the last complete checkpoint, or None when there is none."""
     path = checkpoint_root(run_dir) / "latest"
-    return int(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    text = path.read_bytes()[:64].decode(errors="replace").strip()
+    if not text.isdigit() or int(text) < 1:
+        raise SlimeHydraError(
+            f"{path} holds {text!r}, not a step count: it should name the last complete "
+            f"checkpoint (a step_NNNNNN dir under {path.parent}). Write that number into it, "
+            "or remove the checkpoints dir to start over."
+        )
+    return int(text)
 
 
 def _write_atomic(path: Path, write: Any) -> None:
@@ -47,6 +75,46 @@ def _write_atomic(path: Path, write: Any) -> None:
     os.replace(tmp, path)
 
 
+def plain(obj: Any, where: Path_ = (), dropped: list[Path_] | None = None) -> Any:
+    """`obj` with only tensors, numbers, strings and dicts/lists/tuples of them; anything else
+    is left out and its path appended to `dropped`."""
+    if isinstance(obj, _PLAIN):
+        return obj
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str | int):
+                raise SlimeHydraError(f"checkpoint: state key {key!r} at {where} is not plain")
+            kept = plain(value, (*where, key), dropped)
+            if kept is not _DROPPED:
+                out[key] = kept
+        return out
+    if isinstance(obj, list | tuple):
+        inner: list[Path_] = []
+        items = [plain(v, (*where, i), inner) for i, v in enumerate(obj)]
+        if inner:  # keep positions: the whole sequence is taken from the fresh state on load
+            if dropped is not None:
+                dropped.append(where)
+            return _DROPPED
+        return list(items) if isinstance(obj, list) else tuple(items)
+    if dropped is not None:
+        dropped.append(where)
+    return _DROPPED
+
+
+_DROPPED = object()
+
+
+def _get(obj: Any, where: Path_) -> Any:
+    for key in where:
+        obj = obj[key]
+    return obj
+
+
+def _put(obj: Any, where: Path_, value: Any) -> None:
+    _get(obj, where[:-1])[where[-1]] = value
+
+
 def save(
     run_dir: Path,
     steps_done: int,
@@ -54,17 +122,27 @@ def save(
     model: torch.nn.Module,
     optimizer: Any,
     digest: str,
+    counters: Mapping[str, int] | None = None,
 ) -> None:
     """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`)."""
-    path = _rank_file(run_dir, steps_done, rank)
+    path = rank_file(run_dir, steps_done, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
+    weights = model.state_dict()
+    not_tensors: list[Path_] = []
+    plain(weights, ("model",), not_tensors)
+    if not_tensors:
+        raise SlimeHydraError(f"checkpoint: the model state holds a non-tensor at {not_tensors[0]}")
+    dropped: list[Path_] = []
     state = {
+        "format": FORMAT,
         "steps_done": steps_done,
         "schedule": digest,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "counters": dict(counters or {}),
+        "model": weights,
+        "optimizer": plain(optimizer.state_dict(), (), dropped),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
+        "dropped": [list(p) for p in dropped],
     }
     _write_atomic(path, lambda tmp: torch.save(state, tmp))
 
@@ -76,34 +154,97 @@ def mark_latest(run_dir: Path, steps_done: int) -> None:
     )
 
 
-def load(run_dir: Path, rank: int, model: torch.nn.Module, optimizer: Any, digest: str) -> int:
-    """Restore this rank from the latest checkpoint; return the steps done (the next step)."""
-    steps_done = latest_step(run_dir)
-    if steps_done is None:
-        raise SlimeHydraError(f"{checkpoint_root(run_dir)} holds no checkpoint to resume from.")
-    path = _rank_file(run_dir, steps_done, rank)
+def read(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A rank file's state, loaded with weights_only=True; a clear error for a file that is
+    missing, truncated, not a checkpoint, or that needs a full unpickler (which could run code)."""
+    fix = f"Point {path.parents[1] / 'latest'} at an earlier complete step, or start a new run dir."
     if not path.is_file():
         raise SlimeHydraError(
             f"{path} is missing: the checkpoint was saved by fewer ranks; resume with the same "
-            "parallel.* sizes and process count as the run that saved it."
+            "parallel.* sizes and process count as the run that saved it. " + fix
         )
-    state = torch.load(path, weights_only=False)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise SlimeHydraError(
+            f"{path} holds objects that only a full unpickler could rebuild, and unpickling can "
+            f"run arbitrary code, so it was not loaded (torch.load: {first[:200]}). slime_hydra "
+            "writes tensors and plain containers only: this file was not written by it. " + fix
+        ) from None
+    except Exception as exc:  # torch raises RuntimeError/EOFError/... for a damaged file
+        raise SlimeHydraError(
+            f"{path} is not a readable checkpoint (truncated or damaged: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). " + fix
+        ) from None
+    keys = ("steps_done", "schedule", "model", "optimizer")
+    if not isinstance(state, dict) or any(k not in state for k in keys):
+        raise SlimeHydraError(
+            f"{path} is not a slime_hydra checkpoint (expected a dict with {', '.join(keys)}). "
+            + fix
+        )
+    return state
+
+
+def verify(run_dir: Path, world_size: int, digest: str) -> int | None:
+    """Check, before any worker starts, that the latest checkpoint is whole and matches: `latest`
+    is a step count, every rank's file loads (weights only, memory-mapped) and was saved after
+    that many steps of this schedule. Returns the steps done (None: no checkpoint)."""
+    steps_done = latest_step(run_dir)
+    if steps_done is None:
+        return None
+    for rank in range(world_size):
+        path = rank_file(run_dir, steps_done, rank)
+        state = read(path, mmap=True)
+        if state["steps_done"] != steps_done:
+            raise SlimeHydraError(
+                f"{path} was saved after {state['steps_done']!r} steps, but its dir and "
+                f"{checkpoint_root(run_dir) / 'latest'} say {steps_done}; the checkpoint is "
+                "inconsistent: point latest at an earlier complete step, or start a new run dir."
+            )
+        if state["schedule"] != digest:
+            raise SlimeHydraError(
+                f"the checkpoint in {path.parent} was trained on a different schedule; resume "
+                "with the same data, batching and parallel config (the run dir's config.yaml)."
+            )
+        del state
+    return steps_done
+
+
+def load(
+    run_dir: Path, rank: int, model: torch.nn.Module, optimizer: Any, digest: str
+) -> tuple[int, dict[str, int]]:
+    """Restore this rank from the latest checkpoint; return the steps done (the next step) and
+    the loop's counters. The optimizer keeps the hyperparameters it was built with from the
+    current config (lr, weight decay), so a resume with a changed trainer.lr applies it."""
+    steps_done = latest_step(run_dir)
+    if steps_done is None:
+        raise SlimeHydraError(f"{checkpoint_root(run_dir)} holds no checkpoint to resume from.")
+    path = rank_file(run_dir, steps_done, rank)
+    state = read(path)
     if state["schedule"] != digest:
         raise SlimeHydraError(
             f"the checkpoint in {path.parent} was trained on a different schedule; resume with "
             "the same data, batching and parallel config (the run dir's config.yaml)."
         )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as exc:
+        raise SlimeHydraError(
+            f"{path} does not fit this rank's model: {str(exc).strip().splitlines()[-1][:300]}. "
+            "Resume with the model and parallel config that saved it."
+        ) from None
+    configured = [
+        {k: group[k] for k in HYPERPARAMETERS if k in group} for group in optimizer.param_groups
+    ]
+    optimizer_state = state["optimizer"]
+    if state.get("dropped"):
+        fresh = optimizer.state_dict()
+        for where in state["dropped"]:
+            _put(optimizer_state, tuple(where), _get(fresh, tuple(where)))
+    optimizer.load_state_dict(optimizer_state)
+    for group, values in zip(optimizer.param_groups, configured, strict=False):
+        group.update(values)
     torch.set_rng_state(state["torch_rng"])
     random.setstate(state["python_rng"])
-    return steps_done
-
-
-def truncate_metrics(path: Path, steps_done: int) -> None:
-    """Keep only metrics.jsonl rows of steps before `steps_done`, so no step is logged twice."""
-    if not path.is_file():
-        return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] < steps_done]
-    _write_atomic(path, lambda tmp: tmp.write_text("".join(f"{line}\n" for line in kept)))
+    return steps_done, dict(state.get("counters") or {})

@@ -1,7 +1,13 @@
-"""Checks a training run must pass before any worker starts; plain Python, no torch."""
+"""Checks a training run must pass before any worker starts; plain Python and numpy, no torch."""
 
 from __future__ import annotations
 
+import math
+import os
+
+import numpy as np
+
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule
 
@@ -73,4 +79,82 @@ def check_steps(
     if fail_at_step is not None and not 0 <= fail_at_step < num_steps:
         raise SlimeHydraError(
             f"trainer.fail_at_step={fail_at_step} is outside the run's steps [0, {num_steps})."
+        )
+
+
+def check_knobs(
+    prefix: str, **knobs: tuple[float | int | None, float | None, float | None]
+) -> None:
+    """Each `name=(value, low, high)`: a finite number with low ≤ value (< high when given);
+    None values are unset options and pass."""
+    for name, (value, low, high) in knobs.items():
+        if value is None:
+            continue
+        bad = isinstance(value, bool) or not math.isfinite(value)
+        bad = bad or (low is not None and value < low) or (high is not None and value >= high)
+        if bad:
+            where = f"at least {low}" if high is None else f"in [{low}, {high})"
+            raise SlimeHydraError(f"{prefix}.{name}={value} must be a finite number {where}.")
+
+
+def check_gpu_count(layout: ParallelLayout, local_procs: int, device_count: int) -> None:
+    """Each worker on this node needs its own GPU."""
+    if local_procs > device_count:
+        raise SlimeHydraError(
+            f"trainer=gpu starts {local_procs} workers on this node, one per GPU, but it has "
+            f"{device_count} CUDA GPU(s) (parallel.dp×tp×pp×cp = {layout.dp}×{layout.tp}×"
+            f"{layout.pp}×{layout.cp} = {layout.world_size} over the nodes). Shrink the layout, "
+            "run on more nodes (hydra/launcher=slurm hydra.launcher.nodes=N), or simulate it "
+            "with trainer=plan."
+        )
+
+
+BYTES_PER_TOKEN = 64
+"""Host memory per rollout token while workers start: the flat token buffers and their
+temporaries (data/tokens.py), in the job process and a copy in each worker."""
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def check_rollout_fits(rollout: RolloutBatch, model: dict, procs: int) -> None:
+    """What the trainer would allocate from the rollout: every sample within the model's
+    positions, all token buffers within this machine's memory, every token id in the vocab."""
+    lengths = np.asarray(rollout.total_lengths, dtype=np.int64)
+    positions = model.get("max_position_embeddings")
+    if positions is not None and lengths.size and int(lengths.max()) > positions:
+        i = int(lengths.argmax())
+        raise SlimeHydraError(
+            f"sample {i} has {int(lengths[i]):,} tokens, more than the model's "
+            f"model.max_position_embeddings={positions}, so training cannot run it. Drop or "
+            "truncate such samples in the rollout, or train a model with a longer context."
+        )
+    memory = physical_memory()
+    need = int(lengths.sum(dtype=np.float64)) * BYTES_PER_TOKEN * (procs + 1)
+    if memory is not None and need > memory:
+        raise SlimeHydraError(
+            f"the rollout holds {int(lengths.sum(dtype=np.float64)):,} tokens: their buffers in "
+            f"the job and {procs} worker(s) need about {need / 2**30:,.0f} GiB, and this "
+            f"machine has {memory / 2**30:,.0f} GiB. Check the rollout's total_length values, "
+            "or train it in smaller parts."
+        )
+    vocab = model.get("vocab_size")
+    tokens = rollout.tokens
+    if vocab is None or tokens is None or not len(tokens.tokens):
+        return
+    bad = np.flatnonzero((tokens.tokens < 0) | (tokens.tokens >= vocab))
+    if bad.size:
+        j = int(bad[0])
+        i = int(np.searchsorted(tokens.offsets, j, side="right")) - 1
+        at = j - int(tokens.offsets[i])
+        raise SlimeHydraError(
+            f"sample {i} holds token id {int(tokens.tokens[j])} (position {at}), outside the "
+            f"model's vocabulary [0, model.vocab_size={vocab}); "
+            f"{bad.size} token(s) are out of range. Use the model the rollout was tokenized for "
+            "(model.vocab_size, or model=hf model.path=...)."
         )

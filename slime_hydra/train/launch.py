@@ -4,9 +4,10 @@ machinery): `trainer.nproc_per_node` processes on each node of the job (train/no
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from slime_hydra.errors import SlimeHydraError
@@ -42,11 +43,87 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
         nodes.endpoint,
         trainer.max_restarts,
     )
+    # The agent logs each failed worker's traceback; the report below names the rank where the
+    # failure happened with its error instead (and the traceback, when it is not ours).
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, train)(trainer, job)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        raise SlimeHydraError(
-            f"training failed on rank {rank} (exit code {failure.exitcode}): "
-            f"{failure.message or 'see its traceback above'}"
-        ) from None
+        rank = root_cause(exc.failures)
+        if not failure_text(exc.failures[rank]).startswith(SlimeHydraError.__name__ + ":"):
+            log.error("rank %d's traceback:\n%s", rank, traceback_of(exc.failures[rank]))
+        raise SlimeHydraError(failure_report(exc.failures)) from None
+    finally:
+        agent_log.setLevel(level)
+
+
+def traceback_of(failure: ProcessFailure) -> str:
+    """The traceback a worker recorded in its error file, if any."""
+    message = failure.error_file_data.get("message")
+    if isinstance(message, dict):
+        return str(message.get("extraInfo", {}).get("py_callstack", "")).strip() or "(none)"
+    return "(none recorded)"
+
+
+PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket timeout",
+    "timed out",
+    "nccl",
+    "gloo",
+    "processgroup",
+    "signal 15",
+    "signal 9",
+    "sigterm",
+    "sigkill",
+)
+"""What a rank reports when another rank died first (a broken collective, or the launcher
+stopping the survivors): never the root cause while a rank has a failure of its own."""
+
+
+def failure_text(failure: ProcessFailure) -> str:
+    """The failure's one-line message: the exception a worker recorded (`Type: message`), else
+    what the launcher says (signal, exit code)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if not text or text.startswith("To enable traceback"):
+        text = f"exited with code {failure.exitcode} without an error message"
+    return text
+
+
+def root_cause(failures: Mapping[int, ProcessFailure]) -> int:
+    """The rank whose failure caused the others: one that raised our own error, else one whose
+    error is not a lost peer, else the first observed."""
+
+    def rank_key(item: tuple[int, ProcessFailure]) -> tuple[int, int, int]:
+        rank, failure = item
+        text = failure_text(failure)
+        ours = text.startswith(SlimeHydraError.__name__ + ":")
+        peer = any(needle in text.lower() for needle in PEER_LOST) or failure.exitcode < 0
+        return (0 if ours else 1 if not peer else 2, failure.timestamp, rank)
+
+    return min(failures.items(), key=rank_key)[0]
+
+
+def failure_report(failures: Mapping[int, ProcessFailure]) -> str:
+    """One paragraph: the root-cause rank and its error, then what the other ranks reported."""
+    rank = root_cause(failures)
+    failure = failures[rank]
+    text = failure_text(failure)
+    ours = SlimeHydraError.__name__ + ": "
+    text = text[len(ours) :] if text.startswith(ours) else text
+    lines = text.splitlines() or [""]
+    summary = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    others = [
+        f"rank {r}: {failure_text(f).splitlines()[0][:160]}"
+        for r, f in sorted(failures.items())
+        if r != rank
+    ]
+    also = f" Then: {'; '.join(others)}." if others else ""
+    return f"training failed on rank {rank} (exit code {failure.exitcode}): {summary}{also}"

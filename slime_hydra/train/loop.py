@@ -4,6 +4,7 @@ metrics and a progress line on rank 0, checkpoints on the save interval and at t
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from typing import TYPE_CHECKING
@@ -12,9 +13,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from slime_hydra.data.iterator import MicrobatchIterator
+from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.train import checkpoint
-from slime_hydra.train.engine import Engine
+from slime_hydra.train.engine import Engine, StepResult
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import TorchrunEnv
 
@@ -46,8 +48,11 @@ def run_steps(
     env: TorchrunEnv,
     start: int,
     sink: Sink | None,
+    counters: dict[str, int] | None = None,
 ) -> None:
-    """Train steps start..num_steps-1; `sink` is rank 0's (None elsewhere)."""
+    """Train steps start..num_steps-1; `sink` is rank 0's (None elsewhere); `counters` are the
+    loop's counts saved with the checkpoint it resumes from."""
+    counters = {"skipped_steps": 0, **(counters or {})}
     num_steps = trainer.num_steps(job)
     digest = checkpoint.schedule_digest(job.schedule)
     begun = time.perf_counter()
@@ -64,12 +69,15 @@ def run_steps(
         tic = time.perf_counter()
         result = engine.train_step(lambda step=step: microbatch_source(job, engine, step))
         step_s = time.perf_counter() - tic
+        if step_skipped(result, step, trainer.skip_nonfinite, job):
+            counters["skipped_steps"] += 1
         if sink is not None:
             tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[step].samples)
             sink.log(
                 {
                     "step": step,
                     **result.metrics(),
+                    "train/skipped_steps": counters["skipped_steps"],
                     "perf/step_s": step_s,
                     "perf/tokens_per_s": tokens / step_s,
                     **job.batch_metrics(step),
@@ -89,13 +97,59 @@ def run_steps(
             )
         last = step + 1 == num_steps
         if last or (trainer.save_interval and (step + 1) % trainer.save_interval == 0):
-            save(engine, job, env, step + 1, digest)
+            save(engine, job, env, step + 1, digest, counters)
 
 
-def save(engine: Engine, job: Job, env: TorchrunEnv, steps_done: int, digest: str) -> None:
+def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) -> bool:
+    """The step policy for a non-finite loss or gradient norm (the values are global, so every
+    rank decides alike): a finite step counts; a step the optimizer skipped (it left the weights
+    as they were) is skipped and counted when trainer.skip_nonfinite=true; anything else stops
+    the run before it saves, so the last checkpoint is the last good one."""
+    skipped = bool(getattr(result, "skipped", False))
+    values = (result.loss, result.grad_norm)
+    finite = all(v is not None and math.isfinite(v) for v in values)
+    if finite and not skipped:
+        return False
+    if skip_nonfinite and skipped:
+        log.warning("step %d: the optimizer skipped it (loss %s, grad_norm %s)", step, *values)
+        return True
+    root = checkpoint.checkpoint_root(job.run.run_dir)
+    last = checkpoint.latest_step(job.run.run_dir)
+    kept = (
+        f"the last good checkpoint is after step {last - 1} ({root}; trainer.resume=true "
+        "continues from it)"
+        if last
+        else "no checkpoint was saved before it"
+    )
+    if skipped:
+        what = "the optimizer skipped the step (a gradient overflow or non-finite norm)"
+        fix = "set trainer.skip_nonfinite=true to skip and count such steps"
+    elif skip_nonfinite:
+        what = "the optimizer applied the update anyway, so the weights cannot be trusted"
+        fix = "lower trainer.lr or check the rollout"
+    else:
+        what = "the update would spread NaN/inf into the weights"
+        fix = (
+            "check the rollout's rewards, advantages and log-probs, lower trainer.lr, or set "
+            "trainer.skip_nonfinite=true to skip steps the optimizer skips"
+        )
+    raise SlimeHydraError(
+        f"step {step}: train/loss={result.loss} train/grad_norm={result.grad_norm} is not "
+        f"finite; {what}. Training stopped without saving: {kept}. To go on, {fix}."
+    )
+
+
+def save(
+    engine: Engine,
+    job: Job,
+    env: TorchrunEnv,
+    steps_done: int,
+    digest: str,
+    counters: dict[str, int] | None = None,
+) -> None:
     """Every rank saves its state; once all have, rank 0 marks the checkpoint as the latest."""
     run_dir = job.run.run_dir
-    checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest)
+    checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, counters)
     dist.barrier()
     if env.rank == 0:
         checkpoint.mark_latest(run_dir, steps_done)

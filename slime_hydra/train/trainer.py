@@ -18,6 +18,9 @@ from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.checks import (
     check_gloo_layout,
+    check_gpu_count,
+    check_knobs,
+    check_rollout_fits,
     check_steps,
     check_trainable,
     check_vpp,
@@ -55,6 +58,10 @@ class CpuTrainer:
     """Times the elastic launcher restarts failed workers; they resume from the last checkpoint."""
     fail_at_step: int | None = None
     """Fault injection for tests: the last rank exits at the start of this step, first attempt."""
+    skip_nonfinite: bool = False
+    """A step whose loss or gradient norm is not finite stops the run (the last checkpoint is
+    kept); true: a step the optimizer skipped is skipped and counted in train/skipped_steps."""
+
 
     backend: ClassVar[str] = "gloo"
     device: ClassVar[str] = "cpu"
@@ -72,6 +79,16 @@ class CpuTrainer:
 
     def check(self, job: Job) -> None:
         """Everything that can be checked before a worker starts."""
+        check_knobs(
+            "trainer",
+            lr=(self.lr, 0.0, None),
+            weight_decay=(self.weight_decay, 0.0, None),
+            clip_grad=(self.clip_grad, 0.0, None),
+            eps_clip=(self.eps_clip, 0.0, 1.0),
+            eps_clip_high=(self.eps_clip_high, 0.0, None),
+            max_restarts=(self.max_restarts, 0, None),
+            nproc_per_node=(self.nproc_per_node, 1, None),
+        )
         self.check_layout(job)
         env = torchrun_env()
         if env is None:
@@ -82,14 +99,24 @@ class CpuTrainer:
             check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
         check_trainable(job.schedule, job.strategy)
         check_steps(self.num_steps(job), self.save_interval, self.max_steps, self.fail_at_step)
-        if self.resume:
-            from slime_hydra.train.checkpoint import checkpoint_root, latest_step
+        model = OmegaConf.to_container(job.cfg.model, resolve=True)
+        procs = env.local_world_size if env is not None else self.num_procs(job)
+        check_rollout_fits(job.rollout, model, procs)
+        if self.resume or (env is not None and env.restart_count > 0):
+            self.check_resume(job)
 
-            if latest_step(job.run.run_dir) is None:
-                raise SlimeHydraError(
-                    f"trainer.resume=true but {checkpoint_root(job.run.run_dir)} holds no "
-                    "checkpoint: pass the earlier run's hydra.run.dir, or drop trainer.resume."
-                )
+    def check_resume(self, job: Job) -> None:
+        """The latest checkpoint must be whole (every rank's file loads, weights only) and
+        belong to this schedule; on a plain resume there must be one."""
+        from slime_hydra.train.checkpoint import checkpoint_root, schedule_digest, verify
+
+        run_dir = job.run.run_dir
+        steps_done = verify(run_dir, job.layout.world_size, schedule_digest(job.schedule))
+        if steps_done is None and self.resume:
+            raise SlimeHydraError(
+                f"trainer.resume=true but {checkpoint_root(run_dir)} holds no checkpoint: pass "
+                "the earlier run's hydra.run.dir, or drop trainer.resume (and the run dir)."
+            )
 
     def check_layout(self, job: Job) -> None:
         """gloo runs tp and dp only (checked first, before the world size)."""
@@ -135,6 +162,9 @@ class GpuTrainer(CpuTrainer):
                 "Engine, and this machine has none. trainer=plan simulates this layout's "
                 "schedule on CPU; trainer=cpu trains the tiny model on CPU ranks."
             )
+        env = torchrun_env()
+        local = env.local_world_size if env is not None else self.num_procs(job)
+        check_gpu_count(job.layout, local, torch.cuda.device_count())
         check_vpp(job.layout, job.schedule)
 
 

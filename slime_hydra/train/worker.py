@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from slime_hydra.config import open_sinks
 from slime_hydra.errors import SlimeHydraError
@@ -68,16 +68,21 @@ def build_engine(trainer: CpuTrainer, job: Job) -> Engine:
     return CpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high)
 
 
-def start_step(trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: Engine) -> int:
-    """0 for a fresh run; the saved step count on resume or after an elastic restart."""
+def start_step(
+    trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: Engine
+) -> tuple[int, dict[str, int]]:
+    """0 for a fresh run; the saved step count on resume or after an elastic restart, with the
+    step loop's counters (e.g. skipped steps) as saved."""
     run_dir = job.run.run_dir
     if not (trainer.resume or env.restart_count) or checkpoint.latest_step(run_dir) is None:
-        return 0
+        return 0, {}
     digest = checkpoint.schedule_digest(job.schedule)
-    steps_done = checkpoint.load(run_dir, env.rank, engine.model, engine.optimizer, digest)
+    steps_done, counters = checkpoint.load(
+        run_dir, env.rank, engine.model, engine.optimizer, digest
+    )
     if env.rank == 0:
         log.info("Resuming after step %d (restart %d)", steps_done - 1, env.restart_count)
-    return steps_done
+    return steps_done, counters
 
 
 @record
@@ -94,18 +99,22 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         check_same_run_dir(job)
         seed_everything(job.cfg.seed)
         engine = build_engine(trainer, job)
-        start = start_step(trainer, job, env, engine)
+        start, counters = start_step(trainer, job, env, engine)
         sink = None
-        if env.rank == 0:
-            checkpoint.truncate_metrics(job.run.run_dir / "metrics.jsonl", start)
-            sink = open_sinks(job.cfg, job.run)
+        if env.rank == 0:  # metrics.jsonl keeps the rows before `start`: each step once
+            sink = open_sinks(job.cfg, job.run, start)
         # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()
         try:
-            run_steps(engine, trainer, job, env, start, sink)
+            run_steps(engine, trainer, job, env, start, sink, counters)
         finally:
             if sink is not None:
                 sink.close()
+    except Exception as exc:
+        # This rank's own error, recorded before teardown makes its peers fail as well: the
+        # launcher reports the rank where a failure happened (train/launch.py).
+        get_error_handler().record_exception(exc)
+        raise
     finally:
         destroy_distributed()

@@ -13,9 +13,9 @@ from slime_hydra import app
 from slime_hydra.config import build
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, StepSchedule
-from slime_hydra.train.checkpoint import truncate_metrics
 from slime_hydra.train.checks import check_trainable, check_vpp, check_world_size
 from slime_hydra.train.job import Job
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
@@ -135,10 +135,10 @@ def test_world_size_check_accepts_the_layout():
         check_world_size(ParallelLayout(dp=2, tp=2), 2, "torchrun")
 
 
-def test_truncate_metrics_keeps_steps_before_the_checkpoint(tmp_path: Path):
+def test_metrics_sink_keeps_steps_before_the_checkpoint(tmp_path: Path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in [0, 1, 2, 3, 2]))
-    truncate_metrics(path, 2)
+    JsonlSink(path, start_step=2).close()
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1]
 
 

@@ -1,0 +1,233 @@
+"""A run dir belongs to one run: a lock, a claim that refuses another run's dir, and the
+resume comparison, all before anything is written.
+
+- `RunDirLock` holds an advisory lock (`<run dir>/.lock`, flock) for the whole run, so a
+  second run into the same dir fails at once, naming the holder's pid. The kernel drops the
+  lock when the holder dies, so a killed run never leaves a stale lock.
+- `claim` refuses a new run into a dir that holds a run (config.yaml, schedule.json,
+  metrics.jsonl or checkpoints) unless it resumes; a resume compares the dir's config.yaml
+  with the new config key by key and refuses a change to anything but the keys listed below.
+- `write_run_files` writes config.yaml, schedule.json and Hydra's `.hydra/` snapshot only after
+  every check passed, each atomically (temporary name, then rename).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.errors import SlimeHydraError
+
+log = logging.getLogger(__name__)
+
+RUN_FILES = ("config.yaml", "schedule.json", "metrics.jsonl", "checkpoints")
+"""What makes a dir hold a run: any of these."""
+
+RESUME_FREE = (
+    "trainer.resume",
+    "trainer.max_steps",
+    "trainer.save_interval",
+    "trainer.max_restarts",
+    "trainer.fail_at_step",
+    "trainer.nproc_per_node",
+    "trainer.skip_nonfinite",
+    "logger.",
+)
+"""Keys (or `prefix.`) a resume may change: how long, how often to save, where to log."""
+
+RESUME_APPLIED = (
+    "trainer.lr",
+    "trainer.weight_decay",
+    "trainer.clip_grad",
+    "trainer.eps_clip",
+    "trainer.eps_clip_high",
+)
+"""Optimizer keys a resume may change: the new values apply from the first resumed step (the
+checkpoint's optimizer state keeps its moments, not these) and each change is logged."""
+
+ABSENT = "<absent>"
+
+
+class RunDirError(SlimeHydraError):
+    """The run dir belongs to another run (or is in use): nothing of it may be touched, not
+    even an error.txt in a sweep."""
+
+
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` by rename, so no reader (or crash) sees half a file."""
+    _atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
+class RunDirLock:
+    """An exclusive flock on `<run dir>/.lock`, held until `release()` or process exit.
+
+    The file keeps the holder's pid; a run that is refused afterwards puts the file's previous
+    content back, so the lock leaves no trace of a refused run.
+    """
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / ".lock"
+        self._fd: int | None = None
+        self._before = b""
+
+    def acquire(self) -> RunDirLock:
+        """Take the lock or raise a RunDirError naming the process that holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                raise
+            holder = self.path.read_text().strip() or "unknown"
+            raise RunDirError(
+                f"run dir {self.path.parent} is in use by another run (pid {holder}, which "
+                f"holds {self.path}); two runs must not share a run dir. Wait for it to end, "
+                "or pass a different hydra.run.dir."
+            ) from None
+        self._fd = fd
+        self._before = self.path.read_bytes()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def release(self, refused: bool = False) -> None:
+        """Drop the lock; when the run was refused, put the file's old content back first."""
+        if self._fd is None:
+            return
+        if refused:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, self._before, 0)
+        os.close(self._fd)
+        self._fd = None
+
+
+def holds_run(run_dir: Path) -> list[str]:
+    """The run files present in `run_dir` (empty: the dir holds no run)."""
+    return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key → leaf value of a nested config (lists are leaves)."""
+    if isinstance(node, Mapping):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        if not node and prefix:
+            out[prefix[:-1]] = {}
+        return out
+    return {prefix[:-1]: node}
+
+
+def _matches(key: str, keys: tuple[str, ...]) -> bool:
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in keys)
+
+
+@dataclass(frozen=True)
+class ConfigDiff:
+    """Keys whose values differ between the run dir's config and the new one: (key, old, new)."""
+
+    refused: list[tuple[str, Any, Any]]
+    applied: list[tuple[str, Any, Any]]
+    free: list[tuple[str, Any, Any]]
+
+
+def diff_configs(old: Mapping[str, Any], new: Mapping[str, Any]) -> ConfigDiff:
+    """Sort every differing key into refused (schedule, model, data, ...), applied (optimizer)
+    and free (length of the run, logging)."""
+    a, b = flatten(old), flatten(new)
+    refused, applied, free = [], [], []
+    for key in sorted(set(a) | set(b)):
+        va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
+        if va == vb:
+            continue
+        entry = (key, va, vb)
+        if _matches(key, RESUME_FREE):
+            free.append(entry)
+        elif _matches(key, RESUME_APPLIED):
+            applied.append(entry)
+        else:
+            refused.append(entry)
+    return ConfigDiff(refused, applied, free)
+
+
+def _changes(entries: list[tuple[str, Any, Any]]) -> str:
+    return "; ".join(f"{key}: {old!r} → {new!r}" for key, old, new in entries)
+
+
+def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[str, Any, Any]]:
+    """Refuse a run that may not use `run_dir`; return the optimizer keys a resume changes.
+
+    A fresh run needs a dir that holds no run; a resume needs the dir's config.yaml and a new
+    config that differs from it only in RESUME_FREE and RESUME_APPLIED keys.
+    """
+    run_dir = Path(run_dir)
+    present = holds_run(run_dir)
+    if not resume:
+        if present:
+            raise RunDirError(
+                f"run dir {run_dir} already holds a run ({', '.join(present)}); a new run would "
+                "overwrite it. Pass a new hydra.run.dir, add trainer.resume=true to continue "
+                "that run (trainer=cpu|gpu, same config), or delete the dir."
+            )
+        return []
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        raise RunDirError(
+            f"trainer.resume=true but run dir {run_dir} holds no run to resume (no config.yaml): "
+            "pass the earlier run's hydra.run.dir, or drop trainer.resume."
+        )
+    try:
+        old = yaml.safe_load(saved.read_text())
+    except yaml.YAMLError as exc:
+        raise RunDirError(
+            f"{saved} is not readable YAML ({str(exc).splitlines()[0]}), so this resume cannot be "
+            "checked against the run it continues; restore the file or start a new run dir."
+        ) from None
+    diff = diff_configs(old if isinstance(old, Mapping) else {}, config)
+    if diff.refused:
+        raise RunDirError(
+            f"trainer.resume=true refused: the new config changes {len(diff.refused)} key(s) "
+            f"that fix the schedule, data or model of the run in {run_dir} ({saved}): "
+            f"{_changes(diff.refused)}. Resume with the old values (only trainer.lr, "
+            "trainer.weight_decay, trainer.clip_grad, trainer.eps_clip(_high), step counts and "
+            "logger.* may change), or start a new run with a new hydra.run.dir."
+        )
+    if diff.applied:
+        log.warning("Resuming with changed optimizer settings: %s", _changes(diff.applied))
+    return diff.applied
+
+
+def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: Any) -> None:
+    """config.yaml, schedule.json and, when Hydra runs the job, `.hydra/` (config.yaml,
+    hydra.yaml, overrides.yaml, as Hydra would have written them itself)."""
+    run_dir = Path(run_dir)
+    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    atomic_write_text(run_dir / "schedule.json", json.dumps(schedule_json))
+    if hydra is not None:
+        out = run_dir / ".hydra"
+        out.mkdir(exist_ok=True)
+        atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg))
+        atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
+        overrides = OmegaConf.to_container(hydra.overrides.task)
+        atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(overrides))
+    stale = run_dir / "error.txt"
+    if stale.is_file():  # a refused attempt's note; this run owns the dir now
+        stale.unlink()
