@@ -9,6 +9,7 @@ from slime_hydra.config import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.pipeline import simulate_pipeline
+from slime_hydra.train.checks import check_knobs
 from slime_hydra.train.job import Job
 
 
@@ -22,7 +23,13 @@ class PlanTrainer:
     """Fixed forward+backward cost of one micro-batch (launches, small matmuls, p2p set-up)."""
 
     def check(self, job: Job) -> None:
-        """Nothing to refuse: plan mode simulates any layout and measures any schedule."""
+        """Plan mode simulates any layout and measures any schedule; only its cost model's
+        numbers must make sense (a zero or negative speed would divide by zero or go back)."""
+        check_knobs(
+            "trainer",
+            achieved_tflops=(self.achieved_tflops, 1e-3, None),
+            microbatch_overhead_ms=(self.microbatch_overhead_ms, 0.0, None),
+        )
 
     def run(self, job: Job) -> float:
         """Emit one metrics row per planned step to metrics.jsonl and the logger; return the
