@@ -92,10 +92,12 @@ def plain(obj: Any, where: Path_ = (), dropped: list[Path_] | None = None) -> An
     if isinstance(obj, list | tuple):
         inner: list[Path_] = []
         items = [plain(v, (*where, i), inner) for i, v in enumerate(obj)]
-        if inner:  # keep positions: the whole sequence is taken from the fresh state on load
+        if any(v is _DROPPED for v in items):  # keep positions: take the whole sequence on load
             if dropped is not None:
                 dropped.append(where)
             return _DROPPED
+        if dropped is not None:
+            dropped.extend(inner)
         return list(items) if isinstance(obj, list) else tuple(items)
     if dropped is not None:
         dropped.append(where)

@@ -1,0 +1,219 @@
+"""Every bad input of issue 11 gets one clear SlimeHydraError (value and fix, file:line for
+traces) from the source, config or trainer check that runs before any worker starts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from slime_hydra.config import check_keys, validate
+from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.slime_dump import SlimeDump
+from slime_hydra.data.tokens import RolloutTokens
+from slime_hydra.data.trace import JsonlTrace, ParquetTrace
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule import ParallelLayout
+from slime_hydra.train.checks import check_gpu_count, check_knobs, check_rollout_fits
+from slime_hydra.train.plan import PlanTrainer
+
+# -- jsonl / parquet traces -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ('{"total_length": 5, "group": "g0"}', [":2:", "group='g0'", "integer"]),
+        ('{"total_length": 5, "step": "a"}', [":2:", "step='a'"]),
+        ('{"total_length": 5, "group": 0.3}', [":2:", "group=0.3", "not rounded"]),
+        ('{"total_length": 5, "step": 0.5}', [":2:", "step=0.5"]),
+        ('{"total_length": 5, "step": -1}', [":2:", "step=-1", "≥ 0"]),
+        ('{"total_length": 99999999999999999999999}', [":2:", "64-bit"]),
+        ('{"total_length": 5, "group": 99999999999999999999999}', [":2:", "64-bit"]),
+        ('{"total_length": 5, "response_length": 1e400}', [":2:", "response_length=inf"]),
+    ],
+)
+def test_jsonl_field_errors_name_file_line_and_value(tmp_path, line, needles):
+    path = tmp_path / "t.jsonl"
+    first = (
+        '{"total_length": 4, "group": 1, "step": 0}' if '"step"' in line else '{"total_length": 4}'
+    )
+    path.write_text(f"{first}\n{line}\n")
+    with pytest.raises(SlimeHydraError) as err:
+        JsonlTrace(str(path)).load()
+    for needle in [str(path), *needles]:
+        assert needle in str(err.value)
+
+
+def test_float_groups_do_not_merge_and_missing_groups_do_not_collide(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"total_length": 4, "group": -1}\n{"total_length": 5}\n{"total_length": 6}\n')
+    groups = JsonlTrace(str(path)).load().group_ids
+    assert len(set(groups.tolist())) == 3 and groups[0] == -1  # three groups, -1 kept
+
+
+def test_parquet_string_group_column_is_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"total_length": [4, 5], "group": ["a", "b"]}), path)
+    with pytest.raises(SlimeHydraError, match=r"row 0: group='a' is not an integer"):
+        ParquetTrace(str(path)).load()
+
+
+# -- slime dumps ------------------------------------------------------------------------------
+
+
+def sample(**over: object) -> dict:
+    base = {
+        "group_index": 0,
+        "tokens": [1, 2, 3, 4, 5],
+        "response_length": 2,
+        "reward": 1.0,
+        "rollout_log_probs": [-0.1, -0.2],
+    }
+    return {**base, **over}
+
+
+def dump(tmp_path: Path, *samples: dict) -> str:
+    path = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": list(samples)}, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("over", "needles"),
+    [
+        ({"reward": torch.tensor([1.0, 2.0, 3.0])}, ["sample 1 reward has shape [3]", "scalar"]),
+        ({"reward": float("nan")}, ["sample 1 reward=nan is not finite"]),
+        ({"group_index": "x"}, ["sample 1 group='x' is not an integer"]),
+        ({"group_index": 0.3}, ["sample 1 group=0.3", "never rounded"]),
+        ({"tokens": torch.arange(50).reshape(5, 10)}, ["tokens has shape [5, 10]", "1-D"]),
+        ({"rollout_log_probs": [[-0.1], [-0.2]]}, ["rollout_log_probs has shape [2, 1]"]),
+        ({"rollout_log_probs": [-0.1, float("inf")]}, ["rollout_log_probs[1]=inf"]),
+        ({"advantage": float("nan")}, ["advantage=nan is not finite"]),
+        ({"tokens": [1, -2, 3, 4, 5]}, ["not non-negative integer ids"]),
+    ],
+)
+def test_malformed_dump_fields_are_named(tmp_path, over, needles):
+    adv = {"advantage": 0.5} if "advantage" in over else {}
+    path = dump(tmp_path, sample(**adv), sample(**over))
+    with pytest.raises(SlimeHydraError) as err:
+        SlimeDump(path).load()
+    for needle in needles:
+        assert needle in str(err.value)
+
+
+def test_truncated_dump_is_named_without_advising_trust_pickle(tmp_path):
+    path = dump(tmp_path, sample())
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+    with pytest.raises(SlimeHydraError, match=r"not a readable torch\.save file") as err:
+        SlimeDump(path).load()
+    assert "trust_pickle=true" not in str(err.value)
+
+
+def test_garbage_dump_does_not_invite_trust_pickle(tmp_path):
+    path = tmp_path / "rollout_0.pt"
+    path.write_bytes(b"\x80\x04garbage, not a torch file")
+    with pytest.raises(SlimeHydraError, match=r"not a readable torch\.save file") as err:
+        SlimeDump(str(path)).load()
+    assert "trust_pickle=true" not in str(err.value)
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/slime_hydra_pwned",))
+
+
+def test_malicious_dump_is_refused_as_such_and_runs_nothing(tmp_path):
+    path = tmp_path / "rollout_0.pt"
+    torch.save({"rollout_id": 0, "samples": [sample(reward=RunsCode())]}, path)
+    with pytest.raises(SlimeHydraError, match="may be malicious") as err:
+        SlimeDump(str(path)).load()
+    assert "trust_pickle=true" not in str(err.value)
+    assert not Path("/tmp/slime_hydra_pwned").exists()
+
+
+# -- config -----------------------------------------------------------------------------------
+
+
+def test_jsonl_without_a_path_says_which_override_to_add(compose_cfg):
+    with pytest.raises(SlimeHydraError, match=r"data\.path must be set: add data\.path=\.\.\."):
+        validate(compose_cfg("data=jsonl", "trainer=plan"))
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("+parallel.dpp=4", "parallel.dpp is not a setting.*parallel.dp"),
+        ("+data.num_prompt=4", "data.num_prompt is not a setting.*data.num_prompts"),
+        ("+trainer.learning_rate=1", "trainer.learning_rate is not a setting"),
+        ("+batching.partitioner.tolerence=1", "Did you mean batching.partitioner.tolerance"),
+    ],
+)
+def test_an_added_key_nothing_reads_is_an_error(compose_cfg, override, needle):
+    with pytest.raises(SlimeHydraError, match=needle):
+        check_keys(compose_cfg(override))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"achieved_tflops": 0.0}, "trainer.achieved_tflops=0.0"),
+        ({"achieved_tflops": -1.0}, "trainer.achieved_tflops=-1.0"),
+        ({"microbatch_overhead_ms": float("nan")}, "trainer.microbatch_overhead_ms=nan"),
+    ],
+)
+def test_plan_cost_model_knobs_must_be_positive(kwargs, needle):
+    with pytest.raises(SlimeHydraError, match=needle):
+        PlanTrainer(**kwargs).check(None)  # type: ignore[arg-type]
+
+
+def test_trainer_knobs_are_checked():
+    with pytest.raises(SlimeHydraError, match=r"trainer.lr=-0.1 must be a finite number at least"):
+        check_knobs("trainer", lr=(-0.1, 0.0, None))
+    with pytest.raises(SlimeHydraError, match=r"eps_clip=1.5 .* in \[0.0, 1.0\)"):
+        check_knobs("trainer", eps_clip=(1.5, 0.0, 1.0))
+
+
+# -- what the trainer would allocate ----------------------------------------------------------
+
+
+def lengths_only(lengths: list[int]) -> RolloutBatch:
+    n = len(lengths)
+    return RolloutBatch(np.array(lengths), np.array(lengths) // 2, np.arange(n))
+
+
+def test_a_sample_longer_than_the_model_stops_before_any_allocation():
+    rollout = lengths_only([100, 10**12, 50])
+    with pytest.raises(SlimeHydraError, match=r"sample 1 has 1,000,000,000,000 tokens.*4096"):
+        check_rollout_fits(rollout, {"max_position_embeddings": 4096, "vocab_size": 256}, 2)
+
+
+def test_a_rollout_bigger_than_memory_is_refused():
+    rollout = lengths_only([10**12] * 8)
+    with pytest.raises(SlimeHydraError, match="GiB"):
+        check_rollout_fits(rollout, {"vocab_size": 256}, 2)
+
+
+def test_token_ids_outside_the_vocabulary_are_named():
+    tokens = RolloutTokens.from_samples(
+        tokens=[[1, 2, 3, 4], [5, 300, 7]],
+        response_lengths=[2, 1],
+        loss_masks=[[1, 1], [1]],
+        rewards=[1.0, 0.0],
+        group_ids=[0, 0],
+    )
+    with pytest.raises(SlimeHydraError, match=r"sample 1 holds token id 300 \(position 1\).*256"):
+        check_rollout_fits(tokens.to_batch(), {"vocab_size": 256}, 2)
+
+
+def test_gpu_count_is_checked_against_the_layout():
+    with pytest.raises(SlimeHydraError, match=r"starts 8 workers .* has 2 CUDA GPU"):
+        check_gpu_count(ParallelLayout(dp=2, tp=4), 8, 2)
+    check_gpu_count(ParallelLayout(dp=2, tp=4), 8, 8)

@@ -1,0 +1,267 @@
+"""Run-dir state without processes: the lock, the claim, the resume comparison, metrics.jsonl,
+checkpoints (weights only, checked whole), the non-finite step policy and the failure report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.jsonl import JsonlSink
+from slime_hydra.rundir import RunDirError, RunDirLock, claim, diff_configs
+from slime_hydra.train import checkpoint
+from slime_hydra.train.launch import failure_report
+from slime_hydra.train.loop import step_skipped
+from tests.faults.rundir import assert_untouched, snapshot
+
+CONFIG = {
+    "batching": {"global_batch_size": 8, "max_tokens_per_gpu": 8192},
+    "parallel": {"dp": 2, "tp": 1},
+    "model": {"hidden_size": 128},
+    "trainer": {"lr": 0.001, "resume": False, "max_steps": None, "clip_grad": 1.0},
+    "logger": {"_target_": "x"},
+    "seed": 1,
+}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A dir holding a finished run: config, schedule, metrics, a checkpoint."""
+    d = tmp_path / "run"
+    (d / "checkpoints/step_000002").mkdir(parents=True)
+    (d / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
+    (d / "schedule.json").write_text('{"lengths": [1], "cap": null, "steps": []}')
+    (d / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (d / "checkpoints/latest").write_text("2\n")
+    return d
+
+
+def with_(**changes: object) -> dict:
+    cfg = json.loads(json.dumps(CONFIG))
+    for key, value in changes.items():
+        group, name = key.split("__")
+        cfg[group][name] = value
+    return cfg
+
+
+def test_a_new_run_into_a_dir_holding_a_run_is_refused(run_dir):
+    before = snapshot(run_dir)
+    with pytest.raises(RunDirError, match=r"already holds a run .*trainer.resume=true"):
+        claim(run_dir, CONFIG, resume=False)
+    assert_untouched(before, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"batching__max_tokens_per_gpu": 4096}, "batching.max_tokens_per_gpu: 8192 → 4096"),
+        ({"parallel__dp": 4}, "parallel.dp: 2 → 4"),
+        ({"model__hidden_size": 64}, "model.hidden_size: 128 → 64"),
+    ],
+)
+def test_a_resume_that_changes_the_schedule_or_model_names_keys_old_and_new(
+    run_dir, changes, needle
+):
+    before = snapshot(run_dir)
+    with pytest.raises(RunDirError, match="refused") as err:
+        claim(run_dir, with_(trainer__resume=True, **changes), resume=True)
+    assert needle in str(err.value) and str(run_dir / "config.yaml") in str(err.value)
+    assert_untouched(before, run_dir)
+
+
+def test_a_resume_may_change_optimizer_keys_and_says_so(run_dir, caplog):
+    changed = claim(run_dir, with_(trainer__resume=True, trainer__lr=0.002), resume=True)
+    assert changed == [("trainer.lr", 0.001, 0.002)]
+    assert "trainer.lr: 0.001 → 0.002" in caplog.text
+
+
+def test_diff_sorts_keys():
+    diff = diff_configs(CONFIG, with_(trainer__max_steps=9, trainer__clip_grad=0.5))
+    assert [k for k, *_ in diff.free] == ["trainer.max_steps"]
+    assert [k for k, *_ in diff.applied] == ["trainer.clip_grad"]
+
+
+def test_resume_into_a_dir_without_a_run_is_refused(tmp_path):
+    with pytest.raises(RunDirError, match="holds no run to resume"):
+        claim(tmp_path, CONFIG, resume=True)
+
+
+def test_a_second_process_cannot_take_the_lock_and_learns_the_holder(run_dir):
+    before = snapshot(run_dir)
+    lock = RunDirLock(run_dir).acquire()
+    try:
+        code = (
+            f"from slime_hydra.rundir import RunDirLock\nRunDirLock({str(run_dir)!r}).acquire()\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode != 0
+        assert f"in use by another run (pid {os.getpid()}" in out.stderr
+    finally:
+        lock.release(refused=True)
+    assert_untouched(before, run_dir)
+    RunDirLock(run_dir).acquire().release()  # released: free again
+
+
+def test_metrics_keep_each_step_once_and_tolerate_a_torn_last_line(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 1}\n{"step": 3, "train/lo')
+    JsonlSink(path, start_step=2).close()
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1]
+    assert "torn last line" in caplog.text
+
+
+def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"st\n{"step": 2}\n')
+    before = snapshot(tmp_path)
+    with pytest.raises(SlimeHydraError, match=r"metrics.jsonl:2: not a metrics row"):
+        JsonlSink(path, start_step=2)
+    assert_untouched(before, tmp_path)
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def saved(run_dir: Path, world: int = 2, digest: str = "d") -> torch.nn.Module:
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    for rank in range(world):
+        checkpoint.save(run_dir, 2, rank, model, opt, digest, {"skipped_steps": 1})
+    checkpoint.mark_latest(run_dir, 2)
+    return model
+
+
+def test_checkpoints_round_trip_weights_only_and_keep_the_new_lr(tmp_path):
+    model = saved(tmp_path)
+    assert checkpoint.verify(tmp_path, 2, "d") == 2
+    fresh = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)
+    steps, counters = checkpoint.load(tmp_path, 1, fresh, opt, "d")
+    assert (steps, counters) == (2, {"skipped_steps": 1})
+    assert torch.equal(fresh.weight, model.weight)
+    assert opt.param_groups[0]["lr"] == 0.5  # the resumed config's lr applies
+    assert opt.state_dict()["state"][0]["step"] == 1  # the moments are the checkpoint's
+
+
+def test_optimizer_state_objects_are_taken_from_the_fresh_optimizer():
+    state = {"state": {}, "param_groups": [{"lr": 0.1, "cfg": object(), "params": [0]}]}
+    dropped: list = []
+    kept = checkpoint.plain(state, (), dropped)
+    assert dropped == [("param_groups", 0, "cfg")] and "cfg" not in kept["param_groups"][0]
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/slime_hydra_ckpt_pwned",))
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("latest_garbage", "holds 'garbage', not a step count"),
+        ("truncated", "not a readable checkpoint (truncated or damaged"),
+        ("crafted", "only a full unpickler could rebuild"),
+        ("missing_rank", "rank_001.pt is missing"),
+        ("other_schedule", "different schedule"),
+    ],
+)
+def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, damage, needle):
+    saved(tmp_path)
+    rank1 = checkpoint.rank_file(tmp_path, 2, 1)
+    digest = "d"
+    if damage == "latest_garbage":
+        (tmp_path / "checkpoints/latest").write_text("garbage\n")
+    elif damage == "truncated":
+        rank1.write_bytes(rank1.read_bytes()[:100])
+    elif damage == "crafted":
+        torch.save({"steps_done": 2, "schedule": "d", "model": RunsCode(), "optimizer": {}}, rank1)
+    elif damage == "missing_rank":
+        rank1.unlink()
+    else:
+        digest = "other"
+    before = snapshot(tmp_path)
+    with pytest.raises(SlimeHydraError) as err:
+        checkpoint.verify(tmp_path, 2, digest)
+    assert needle in str(err.value)
+    assert not Path("/tmp/slime_hydra_ckpt_pwned").exists()
+    assert_untouched(before, tmp_path)
+
+
+# -- the non-finite step policy ---------------------------------------------------------------
+
+
+def job_in(run_dir: Path) -> SimpleNamespace:
+    return SimpleNamespace(run=SimpleNamespace(run_dir=run_dir))
+
+
+def result(loss: float, grad_norm: float, **extra: object) -> SimpleNamespace:
+    return SimpleNamespace(loss=loss, grad_norm=grad_norm, **extra)
+
+
+def test_a_finite_step_counts(tmp_path):
+    assert not step_skipped(result(0.5, 1.0), 3, False, job_in(tmp_path))
+
+
+@pytest.mark.parametrize("values", [(float("nan"), 1.0), (0.5, float("inf")), (0.5, None)])
+def test_a_non_finite_step_stops_naming_the_step_and_the_kept_checkpoint(tmp_path, values):
+    saved(tmp_path)
+    before = snapshot(tmp_path)
+    with pytest.raises(SlimeHydraError, match=r"step 7: .*not finite.*after step 1") as err:
+        step_skipped(result(*values), 7, False, job_in(tmp_path))
+    assert "trainer.skip_nonfinite=true" in str(err.value)
+    assert_untouched(before, tmp_path)
+
+
+def test_skip_nonfinite_skips_a_step_the_optimizer_skipped(tmp_path):
+    assert step_skipped(result(float("nan"), float("nan"), skipped=True), 4, True, job_in(tmp_path))
+    with pytest.raises(SlimeHydraError, match="applied the update anyway"):
+        step_skipped(result(float("nan"), 1.0), 4, True, job_in(tmp_path))
+
+
+# -- worker failures --------------------------------------------------------------------------
+
+
+def failure(tmp_path: Path, rank: int, message: str | None, exitcode: int = 1, ts: int = 0):
+    error_file = tmp_path / f"error_{rank}.json"
+    if message is not None:
+        data = {
+            "message": {
+                "message": message,
+                "extraInfo": {"py_callstack": "tb", "timestamp": str(ts)},
+            }
+        }
+        error_file.write_text(json.dumps(data))
+    return ProcessFailure(
+        local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(error_file)
+    )
+
+
+def test_the_failure_is_reported_from_the_rank_where_it_happened(tmp_path):
+    failures = {
+        # rank 1 noticed first (an earlier timestamp) that its peer was gone
+        1: failure(tmp_path, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.0.1]", ts=1),
+        0: failure(
+            tmp_path, 0, "SlimeHydraError: rank_000.pt does not fit this rank's model", ts=2
+        ),
+    }
+    report = failure_report(failures)
+    assert report.startswith("training failed on rank 0 (exit code 1): rank_000.pt does not fit")
+    assert "rank 1: RuntimeError: [gloo] Connection closed by peer" in report
+
+
+def test_a_killed_rank_is_the_cause_when_the_others_only_lost_it(tmp_path):
+    failures = {
+        0: failure(tmp_path, 0, "RuntimeError: Connection closed by peer", ts=1),
+        1: failure(tmp_path, 1, None, exitcode=1),
+    }
+    assert failure_report(failures).startswith("training failed on rank 1 (exit code 1)")
