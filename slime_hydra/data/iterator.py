@@ -1,8 +1,15 @@
-"""MicrobatchIterator: one DP rank's micro-batches of one optimizer step, packed THD on demand."""
+"""MicrobatchIterator: one DP rank's micro-batches of one optimizer step, packed THD on demand.
+
+It is the `iterator` config group's object: the app instantiates it partially from
+`conf/iterator/` (its own keys, e.g. `pad_multiple`), and the training engine completes it per
+rank and step with the runtime arguments (rollout, the rank's micro-batches, step, DP rank,
+TP and CP sizes, CP rank). A replacement (`iterator._target_=my_pkg.MyIterator`) takes the
+same constructor and yields `PackedMicrobatch`es.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -11,12 +18,13 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 
 
-class MicrobatchIterator(Iterator[PackedMicrobatch]):
-    """Yields a rank's micro-batches in schedule order, each packed for this CP rank.
+class MicrobatchIterator(Iterable[PackedMicrobatch]):
+    """A rank's micro-batches of one step in schedule order, each packed once for this CP rank.
 
-    Megatron's forward-backward calls `next()` on it; with VPP each model chunk gets its own
-    iterator over the same micro-batches, or one iterator is `reset()` to replay them.
-    The schedule is checked when the iterator is built, before any packing.
+    Every `iter()` is a fresh pass: megatron's interleaved schedule gets one per VPP chunk, and
+    all passes share one packing of each micro-batch. The schedule is checked when the object
+    is built, before any packing. `pad_multiple=None` pads to tp × 128 tokens (what TE's
+    kernels and sequence parallelism want); the CP layout is the zig-zag of TE's THD kernels.
     """
 
     def __init__(
@@ -70,27 +78,35 @@ class MicrobatchIterator(Iterator[PackedMicrobatch]):
         self._tokens = batch.tokens
         self.cp_size = cp_size
         self.cp_rank = cp_rank
-        self._next = 0
+        self._packed: list[PackedMicrobatch | None] = [None] * len(self._microbatches)
 
     def __len__(self) -> int:
         return len(self._microbatches)
 
-    def __iter__(self) -> MicrobatchIterator:
-        return self
+    def __getitem__(self, m: int) -> PackedMicrobatch:
+        """Micro-batch m, packed on first use and kept for the other passes."""
+        packed = self._packed[m]
+        if packed is None:
+            packed = pack_microbatch(
+                self._tokens,
+                self._microbatches[m],
+                pad_multiple=self.pad_multiple,
+                cp_size=self.cp_size,
+                cp_rank=self.cp_rank,
+            )
+            self._packed[m] = packed
+        return packed
 
-    def __next__(self) -> PackedMicrobatch:
-        if self._next == len(self._microbatches):
-            raise StopIteration
-        idx = self._microbatches[self._next]
-        self._next += 1
-        return pack_microbatch(
-            self._tokens,
-            idx,
-            pad_multiple=self.pad_multiple,
-            cp_size=self.cp_size,
-            cp_rank=self.cp_rank,
-        )
+    def __iter__(self) -> Iterator[PackedMicrobatch]:
+        return (self[m] for m in range(len(self)))
 
-    def reset(self) -> None:
-        """Start again from the first micro-batch (VPP replays the same ones per model chunk)."""
-        self._next = 0
+    def seq_length(self) -> int:
+        """The longest packed micro-batch over the whole CP group (megatron's `seq_length`),
+        from the sample lengths alone, without packing."""
+        unit = 2 * self.cp_size if self.cp_size > 1 else 1
+        longest = 0
+        for idx in self._microbatches:
+            lengths = self._tokens.total_lengths[idx]
+            local = int((-(-lengths // unit) * unit).sum()) // self.cp_size
+            longest = max(longest, local + -local % self.pad_multiple)
+        return longest * self.cp_size

@@ -23,18 +23,27 @@ def check_world_size(layout: ParallelLayout, world_size: int, source: str) -> No
         )
 
 
-def check_gloo_layout(layout: ParallelLayout) -> None:
-    """The CPU trainer runs tensor and data parallelism only."""
-    sizes = {"pp": layout.pp, "vpp": layout.vpp, "cp": layout.cp}
-    bad = [f"parallel.{name}={size}" for name, size in sizes.items() if size > 1]
+def check_cpu_layout(layout: ParallelLayout) -> None:
+    """trainer=cpu runs every layout but sequence parallelism: megatron's local layers gather
+    and scatter its activations through CUDA-only buffers."""
     if layout.sequence_parallel:
-        bad.append("parallel.sequence_parallel=true")
-    if bad:
         raise SlimeHydraError(
-            f"{', '.join(bad)} needs trainer=gpu: trainer=cpu (gloo) runs only tensor and data "
-            "parallelism, because megatron-core's pipeline schedules, context-parallel "
-            "attention and sequence parallelism need CUDA. Turn them off, or use trainer=plan "
+            "parallel.sequence_parallel=true needs trainer=gpu: megatron-core's local layers, "
+            "which trainer=cpu builds, gather sequence-parallel activations in CUDA buffers. "
+            "Set parallel.sequence_parallel=false (the math is the same), or use trainer=plan "
             "to simulate this layout."
+        )
+
+
+def check_model_split(layout: ParallelLayout, num_layers: int) -> None:
+    """Every pipeline stage's VPP chunk holds the same whole number of layers."""
+    chunks = layout.pp * layout.vpp
+    if num_layers % chunks:
+        raise SlimeHydraError(
+            f"model.num_layers={num_layers} does not split into parallel.pp×vpp = "
+            f"{layout.pp}×{layout.vpp} = {chunks} equal model chunks: set model.num_layers to a "
+            f"multiple of {chunks} (e.g. model.num_layers={chunks * -(-num_layers // chunks)}), "
+            "or change parallel.pp/vpp."
         )
 
 

@@ -1,8 +1,7 @@
 """Process groups and megatron-core model parallelism for torchrun workers, gloo (CPU) or nccl.
 
 torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; `init_distributed`
-reads them through torch's `env://` rendezvous. On gloo only tensor and data parallelism run:
-megatron's pipeline schedules and context-parallel attention need CUDA.
+reads them through torch's `env://` rendezvous. Every layout runs on gloo (CPU) and NCCL alike.
 """
 
 from __future__ import annotations
@@ -32,17 +31,7 @@ def init_distributed(
     timeout_s: float = 600.0,
 ) -> None:
     """Join the torchrun process group (once) and build megatron's TP/PP/CP/DP groups on it."""
-    if backend == "gloo":
-        unsupported = {"parallel.pp": pp, "parallel.vpp": vpp, "parallel.cp": cp}
-        bad = {name: size for name, size in unsupported.items() if size > 1}
-        if bad:
-            sizes = ", ".join(f"{name}={size}" for name, size in bad.items())
-            raise SlimeHydraError(
-                f"{sizes} needs trainer=gpu: the CPU trainer (gloo) runs only tensor and data "
-                "parallelism, because megatron-core's pipeline schedules and context-parallel "
-                "attention need CUDA. Set them to 1, or use trainer=plan to simulate this layout."
-            )
-    elif backend != "nccl":
+    if backend not in ("gloo", "nccl"):
         raise SlimeHydraError(f"unknown distributed backend {backend!r}: use 'gloo' or 'nccl'")
 
     if not dist.is_initialized():

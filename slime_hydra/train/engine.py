@@ -1,17 +1,41 @@
-"""What the step loop needs from a backend: one optimizer step over a rank's micro-batches."""
+"""The one training engine: megatron-core's own step on every device.
+
+One GPTModel chunk per VPP stage wrapped in megatron's DistributedDataParallel,
+`get_forward_backward_func` (no pipelining, 1F1B or interleaved 1F1B, chosen by megatron from
+the layout) with one pass of the rank's micro-batch iterator per chunk, per-token loss
+normalisation (`calculate_per_token_loss`) and `finalize_model_grads`. Devices differ only in
+backend (gloo/NCCL), attention kernel (packed torch SDPA / Transformer Engine), dtype and the
+optimizer class (train/optimizer.py); on CPU, `cpu_shim` maps megatron's CUDA placements.
+
+The loss function returns (loss summed over this rank's tokens, its loss-token count, sums for
+logging); megatron sums the counts over micro-batches, PP and DP×CP in `finalize_model_grads`
+and scales the summed gradients by one over that total: the global token mean, for any
+micro-batch grouping and any layout.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from functools import partial
 
 import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.distributed import (
+    DistributedDataParallel,
+    DistributedDataParallelConfig,
+    finalize_model_grads,
+)
+from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from slime_hydra.data.iterator import MicrobatchIterator
-
-MicrobatchSource = Callable[[], MicrobatchIterator]
-"""Makes a fresh iterator over this rank's micro-batches of the step (VPP wants one per chunk)."""
+from slime_hydra.data.packing import PackedMicrobatch
+from slime_hydra.schedule import ParallelLayout
+from slime_hydra.train.flops import ModelDims
+from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
+from slime_hydra.train.model import Device, build_model_chunks
+from slime_hydra.train.optimizer import OptimizerSettings, build_optimizer
 
 
 @dataclass(frozen=True)
@@ -21,10 +45,12 @@ class StepResult:
     loss: float
     """Policy loss: a token mean over the whole global batch."""
     grad_norm: float
-    """Global gradient norm before clipping."""
+    """Global gradient norm before clipping (nan when the step was skipped)."""
     lr: float
     clipfrac: float
     approx_kl: float
+    skipped: bool = False
+    """The optimizer did not update: a non-finite gradient, or an fp16 loss-scale overflow."""
 
     def metrics(self) -> dict[str, float]:
         """The train/* metrics of DESIGN.md (and the PPO diagnostics)."""
@@ -37,14 +63,162 @@ class StepResult:
         }
 
 
-class Engine(Protocol):
-    """A model and optimizer on some device, trained one step at a time."""
+@dataclass(frozen=True)
+class PolicyLoss:
+    """The PPO clipped-ratio bounds of trainer.eps_clip / eps_clip_high."""
 
-    model: torch.nn.Module
-    optimizer: Any
-    pad_multiple: int | None
-    """Packed length multiple for MicrobatchIterator (None: its default, tp × 128)."""
+    eps_clip: float = 0.2
+    eps_clip_high: float = 0.28
 
-    def train_step(self, microbatches: MicrobatchSource) -> StepResult:
-        """Forward and backward over the micro-batches, reduce gradients, step the optimizer."""
-        ...
+    def __call__(
+        self, mb: dict[str, torch.Tensor | None], output: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """megatron's 3-tuple: (summed loss, loss-token count, [loss, clipfrac, kl, count] sums).
+
+        Without rollout log-probs the old policy is the current one (ratio 1, on-policy).
+        """
+        log_probs = token_log_probs(output, mb["labels"])
+        old = mb["old_logprobs"]
+        old = log_probs.detach() if old is None else old.reshape(-1)
+        loss, num_tokens, metrics = clipped_policy_loss(
+            log_probs,
+            old,
+            mb["advantages"].reshape(-1),
+            mb["loss_mask"].reshape(-1),
+            1.0,
+            self.eps_clip,
+            self.eps_clip_high,
+        )
+        count = torch.tensor(num_tokens, dtype=torch.int, device=loss.device)
+        sums = torch.stack(
+            [loss.detach(), metrics["clipfrac"], metrics["approx_kl"], count.to(loss.dtype)]
+        )
+        return loss, count, {"sums": sums.double()}
+
+
+TENSORS = ("tokens", "labels", "loss_mask", "position_ids", "advantages", "old_logprobs")
+
+
+def forward_step(
+    loss: PolicyLoss,
+    device: Device,
+    data_iterator: Iterator[PackedMicrobatch],
+    model: torch.nn.Module,
+) -> tuple[torch.Tensor, partial]:
+    """megatron's forward_step_func: next packed micro-batch → (model output, its loss)."""
+    mb = next(data_iterator)
+    batch = {
+        name: None if getattr(mb, name) is None else getattr(mb, name).to(device, non_blocking=True)
+        for name in TENSORS
+    }
+    output = model(
+        batch["tokens"],
+        batch["position_ids"],
+        None,
+        packed_seq_params=mb.packed_seq_params(device),
+    )
+    return output, partial(loss, batch)
+
+
+class MegatronEngine:
+    """This rank's model chunks under megatron DDP, trained by megatron's pipeline schedules."""
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        layout: ParallelLayout,
+        optimizer: OptimizerSettings,
+        loss: PolicyLoss,
+        seed: int,
+        device: Device = "cpu",
+        params_dtype: torch.dtype = torch.float32,
+        use_distributed_optimizer: bool = False,
+    ) -> None:
+        self.device = device
+        chunks = build_model_chunks(
+            dims,
+            seed,
+            device,
+            params_dtype,
+            sequence_parallel=layout.sequence_parallel,
+            microbatch_group_size_per_vp_stage=layout.vp_group_size if layout.vpp > 1 else None,
+        )
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=use_distributed_optimizer,
+        )
+        self.chunks = [
+            DistributedDataParallel(
+                config=chunk.config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0
+            )
+            for i, chunk in enumerate(chunks)
+        ]
+        config = self.chunks[0].config
+        config.finalize_model_grads_func = finalize_model_grads
+        no_sync = [c.no_sync for c in self.chunks]
+        config.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
+        self.model = torch.nn.ModuleList(self.chunks)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.chunks, optimizer, device, params_dtype, use_distributed_optimizer
+        )
+        if device == "cuda":
+            config.grad_scale_func = self.optimizer.scale_loss
+        self.step_fn = partial(forward_step, loss, device)
+
+    def forward_backward(self, microbatches: MicrobatchIterator) -> torch.Tensor:
+        """Run megatron's schedule over the rank's micro-batches; leave the reduced, token-mean
+        gradients in each parameter's `main_grad`; return [loss, clipfrac, kl, tokens] sums over
+        the whole step (every rank)."""
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        iterators = [iter(microbatches) for _ in self.chunks]
+        outputs = get_forward_backward_func()(
+            forward_step_func=self.step_fn,
+            data_iterator=iterators if len(iterators) > 1 else iterators[0],
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0],
+            num_microbatches=len(microbatches),
+            # Ignored under variable_seq_lengths (shapes travel with each micro-batch), but
+            # megatron wants a size: the step's longest micro-batch, from lengths alone.
+            seq_length=microbatches.seq_length(),
+            micro_batch_size=1,
+            forward_only=False,
+        )
+        # Only the last pipeline stage has losses: sum over DP×CP, then over PP (others add 0).
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        for out in outputs:
+            sums += out["sums"]
+        dist.all_reduce(
+            sums, group=parallel_state.get_data_parallel_group(with_context_parallel=True)
+        )
+        dist.all_reduce(sums, group=parallel_state.get_pipeline_model_parallel_group())
+        return sums
+
+    def gradients_finite(self) -> bool:
+        """Whether every rank's reduced gradients are finite (one flag, agreed by all ranks)."""
+        grads = [p.main_grad for c in self.chunks for p in c.parameters() if p.requires_grad]
+        finite = torch.ones(1, device=self.device)
+        if grads:
+            finite *= torch.stack(torch._foreach_norm(grads)).isfinite().all()
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return bool(finite.item())
+
+    def train_step(self, microbatches: MicrobatchIterator) -> StepResult:
+        """One optimizer step over this rank's micro-batches of the step."""
+        loss, clipfrac, approx_kl, tokens = self.forward_backward(microbatches).tolist()
+        # The scheduler sets lr and weight decay × wd_mult in every group (again after a
+        # checkpoint load restored the saved ones).
+        self.scheduler.step(1)
+        updated, grad_norm = False, None
+        if self.gradients_finite():
+            updated, grad_norm, _ = self.optimizer.step()
+        tokens = max(tokens, 1.0)
+        return StepResult(
+            loss=loss / tokens,
+            grad_norm=float("nan") if grad_norm is None else float(grad_norm),
+            lr=self.optimizer.param_groups[0]["lr"],
+            clipfrac=clipfrac / tokens,
+            approx_kl=approx_kl / tokens,
+            skipped=not updated,
+        )

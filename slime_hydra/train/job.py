@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
+from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
@@ -13,7 +15,8 @@ from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, ste
 
 @dataclass(frozen=True)
 class Job:
-    """The config, the run's identity and dir, the rollout and its schedule, the FLOPs model."""
+    """The config, the run's identity and dir, the rollout and its schedule, the FLOPs model,
+    and the micro-batch iterator's factory (the `iterator` group, instantiated partially)."""
 
     cfg: DictConfig
     run: RunInfo
@@ -22,6 +25,7 @@ class Job:
     rollout: RolloutBatch
     schedule: Schedule
     flops_coefficients: tuple[float, float]
+    iterator: Callable[..., MicrobatchIterator]
 
     def batch_metrics(self, step: int) -> dict[str, float | int | None]:
         """The batch/* metrics of one step of the schedule."""

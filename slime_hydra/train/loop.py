@@ -16,7 +16,7 @@ from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.train import checkpoint
-from slime_hydra.train.engine import Engine, StepResult
+from slime_hydra.train.engine import MegatronEngine, StepResult
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import TorchrunEnv
 
@@ -26,23 +26,23 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def microbatch_source(job: Job, engine: Engine, step: int) -> MicrobatchIterator:
-    """This rank's micro-batches of `step`, packed for its TP size and CP rank."""
+def microbatches(job: Job, step: int) -> MicrobatchIterator:
+    """This rank's micro-batches of `step`: the `iterator` config's object, completed with the
+    rank's share of the schedule and its TP/CP place."""
     dp_rank = parallel_state.get_data_parallel_rank()
-    return MicrobatchIterator(
+    return job.iterator(
         job.rollout,
         job.schedule.steps[step].ranks[dp_rank],
         step=step,
         dp_rank=dp_rank,
         tp_size=parallel_state.get_tensor_model_parallel_world_size(),
-        pad_multiple=engine.pad_multiple,
         cp_size=parallel_state.get_context_parallel_world_size(),
         cp_rank=parallel_state.get_context_parallel_rank(),
     )
 
 
 def run_steps(
-    engine: Engine,
+    engine: MegatronEngine,
     trainer: CpuTrainer,
     job: Job,
     env: TorchrunEnv,
@@ -67,7 +67,7 @@ def run_steps(
             )
             os._exit(1)
         tic = time.perf_counter()
-        result = engine.train_step(lambda step=step: microbatch_source(job, engine, step))
+        result = engine.train_step(microbatches(job, step))
         step_s = time.perf_counter() - tic
         if step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
@@ -140,7 +140,7 @@ def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) 
 
 
 def save(
-    engine: Engine,
+    engine: MegatronEngine,
     job: Job,
     env: TorchrunEnv,
     steps_done: int,

@@ -1,14 +1,14 @@
-"""Build a megatron-core GPTModel from conf/model dims: local layers on CPU, TE layers on GPU.
+"""Build megatron-core GPTModel chunks from conf/model dims: Transformer Engine layers on CUDA
+where TE is installed, megatron's local layers with our packed attention elsewhere.
 
-Call after `init_distributed` and `seed_everything`: megatron reads the TP/PP groups from
-`parallel_state`, and CPU weights are drawn from the default torch generator as one full
-master weight and then split, so every tp gives the same model for the same seed.
+Weights depend on the seed only, not on the tp/pp/vpp split or the device (`init_weights`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Literal
+import math
+import zlib
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +18,6 @@ from megatron.core.models.gpt import GPTModel, gpt_layer_specs
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.attention import PackedCausalAttention
 from slime_hydra.train.flops import ModelDims
 
@@ -45,16 +44,31 @@ def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
     return -(-vocab_size // multiple) * multiple
 
 
+def has_transformer_engine() -> bool:
+    """Whether megatron-core can build Transformer Engine layers here."""
+    return gpt_layer_specs.HAVE_TE
+
+
 def transformer_config(
     dims: ModelDims,
     device: Device = "cpu",
     params_dtype: torch.dtype = torch.float32,
     sequence_parallel: bool = False,
+    microbatch_group_size_per_vp_stage: int | None = None,
 ) -> TransformerConfig:
-    """Megatron TransformerConfig for `dims` on the current TP/PP/CP layout; no dropout (RL)."""
-    on_cpu = device == "cpu"
+    """Megatron TransformerConfig for `dims` on the current TP/PP/VPP/CP layout; no dropout (RL).
+
+    Packed micro-batches differ in length, so pipeline stages exchange shapes
+    (`variable_seq_lengths`) and the loss is normalised per token by megatron
+    (`calculate_per_token_loss`). With VPP, megatron's default batched p2p swaps activation and
+    gradient shapes when the previous and next stage are the same rank (pp=2; NVIDIA/Megatron-LM
+    #1450): overlapped, unbatched p2p avoids it (and megatron refuses it without VPP).
+    """
+    fused = device == "cuda" and has_transformer_engine()
     pp = parallel_state.get_pipeline_model_parallel_world_size()
-    return TransformerConfig(
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
+    interleaved = vpp is not None and vpp > 1
+    config = TransformerConfig(
         num_layers=dims.num_layers,
         hidden_size=dims.hidden_size,
         ffn_hidden_size=dims.ffn_hidden_size,
@@ -72,34 +86,35 @@ def transformer_config(
         tensor_model_parallel_size=parallel_state.get_tensor_model_parallel_world_size(),
         sequence_parallel=sequence_parallel,
         pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=(
-            parallel_state.get_virtual_pipeline_model_parallel_world_size()
-        ),
+        virtual_pipeline_model_parallel_size=vpp,
+        microbatch_group_size_per_vp_stage=microbatch_group_size_per_vp_stage,
         context_parallel_size=parallel_state.get_context_parallel_world_size(),
+        calculate_per_token_loss=True,
+        overlap_p2p_comm=interleaved,
+        batch_p2p_comm=not interleaved,
         params_dtype=params_dtype,
-        pipeline_dtype=params_dtype if pp > 1 else None,
+        pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
-        use_cpu_initialization=on_cpu,
-        # The fused kernels below are CUDA extensions; on CPU megatron must take its torch paths.
-        bias_activation_fusion=not on_cpu and dims.swiglu,
-        bias_dropout_fusion=not on_cpu,
+        use_cpu_initialization=True,
+        # The fused kernels below come with Transformer Engine (or apex); without them megatron
+        # must take its plain torch paths.
+        bias_activation_fusion=fused and dims.swiglu,
+        bias_dropout_fusion=fused,
         masked_softmax_fusion=False,
-        persist_layer_norm=not on_cpu,
-        apply_rope_fusion=not on_cpu,
+        persist_layer_norm=fused,
+        apply_rope_fusion=fused,
         gradient_accumulation_fusion=False,
     )
+    # Set after construction: __post_init__ refuses it for the (unused) MoE allgather dispatcher.
+    config.variable_seq_lengths = True
+    return config
 
 
 def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
-    """Layer spec: megatron-local modules with packed causal attention on CPU, TE on GPU."""
-    if device == "cuda":
-        if not gpt_layer_specs.HAVE_TE:
-            raise SlimeHydraError(
-                "trainer=gpu builds Transformer Engine layers, but transformer_engine is not "
-                "importable: install it (pip install transformer-engine[pytorch]) or use "
-                "trainer=cpu."
-            )
+    """Transformer Engine layers on CUDA where TE is installed; otherwise megatron's local layers
+    with our packed causal attention (plain torch SDPA per packed sequence, any device)."""
+    if device == "cuda" and has_transformer_engine():
         # TE's fused norm+linear layers read RMSNorm/LayerNorm from config.normalization.
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=dims.normalization)
@@ -107,25 +122,78 @@ def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
     return spec
 
 
+def global_name(name: str, chunk: GPTModel, tied: bool) -> str:
+    """A parameter's name in the whole model: local layer index → global layer number; a tied
+    output layer is the word embedding."""
+    if tied and name == "output_layer.weight":
+        return "embedding.word_embeddings.weight"
+    prefix = "decoder.layers."
+    if not name.startswith(prefix):
+        return name
+    index, rest = name[len(prefix) :].split(".", 1)
+    return f"{prefix}{chunk.decoder.layers[int(index)].layer_number - 1}.{rest}"
+
+
+def init_weights(chunks: list[GPTModel], dims: ModelDims, seed: int, std: float = 0.02) -> None:
+    """Draw every matrix from a generator seeded by (seed, its global name), in full, then keep
+    this rank's TP shard: the same model for any tp/pp/vpp split and on CPU or GPU.
+
+    Megatron's own initialisation draws in construction order, so each pipeline stage would
+    draw different weights; this keeps its distributions (normal(0, std), output projections
+    scaled by 1/sqrt(2·layers); norms and biases as built). Padded vocabulary rows are zero.
+    """
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tied = not dims.untie_embeddings_and_output_weights
+    for chunk in chunks:
+        for name, param in chunk.named_parameters():
+            if param.dim() < 2:
+                continue
+            full_name = global_name(name, chunk, tied)
+            sharded = getattr(param, "tensor_model_parallel", False)
+            dim = param.partition_dim if sharded else 0
+            shape = list(param.shape)
+            shape[dim] *= tp if sharded else 1
+            scaled = full_name.endswith(("linear_proj.weight", "linear_fc2.weight"))
+            sigma = std / math.sqrt(2 * dims.num_layers) if scaled else std
+            vocab = "word_embeddings" in full_name or "output_layer" in full_name
+            rows = dims.vocab_size if vocab else 0
+            key = (seed * 1_000_003 + zlib.crc32(full_name.encode())) % 2**63
+            gen = torch.Generator().manual_seed(key)
+            if rows:
+                full = torch.zeros(shape)
+                full[:rows].normal_(0.0, sigma, generator=gen)
+            else:
+                full = torch.empty(shape).normal_(0.0, sigma, generator=gen)
+            if not sharded:
+                shard = full
+            elif dims.swiglu and full_name.endswith("linear_fc1.weight"):
+                # Megatron's gated fc1 holds [gate; up] on every TP rank: shard both halves.
+                shard = torch.cat([half.chunk(tp)[tp_rank] for half in full.chunk(2)])
+            else:
+                shard = full.chunk(tp, dim=dim)[tp_rank]
+            with torch.no_grad():
+                param.copy_(shard)
+
+
 def build_gpt_model(
-    model_cfg: ModelDims | Mapping[str, Any],
+    dims: ModelDims,
     device: Device = "cpu",
-    vocab_size: int | None = None,
     params_dtype: torch.dtype = torch.float32,
     vp_stage: int | None = None,
     sequence_parallel: bool = False,
+    microbatch_group_size_per_vp_stage: int | None = None,
 ) -> GPTModel:
-    """GPTModel for this rank's pipeline stage (VPP chunk `vp_stage`) and TP shard;
-    `vocab_size` overrides the config's."""
-    dims = model_cfg if isinstance(model_cfg, ModelDims) else ModelDims.from_mapping(model_cfg)
-    config = transformer_config(dims, device, params_dtype, sequence_parallel)
-    vocab = padded_vocab_size(
-        vocab_size or dims.vocab_size, parallel_state.get_tensor_model_parallel_world_size()
+    """GPTModel for this rank's pipeline stage (VPP chunk `vp_stage`) and TP shard."""
+    config = transformer_config(
+        dims, device, params_dtype, sequence_parallel, microbatch_group_size_per_vp_stage
     )
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(dims, device),
-        vocab_size=vocab,
+        vocab_size=padded_vocab_size(
+            dims.vocab_size, parallel_state.get_tensor_model_parallel_world_size()
+        ),
         max_sequence_length=dims.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
         post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -142,6 +210,35 @@ def build_gpt_model(
             use_cpu_initialization=True,
             cp_group=parallel_state.get_context_parallel_group(),
         )
-    else:
-        model.cuda(torch.cuda.current_device())
     return model
+
+
+def build_model_chunks(
+    dims: ModelDims,
+    seed: int,
+    device: Device = "cpu",
+    params_dtype: torch.dtype = torch.float32,
+    sequence_parallel: bool = False,
+    microbatch_group_size_per_vp_stage: int | None = None,
+) -> list[GPTModel]:
+    """This rank's model chunks (one per VPP stage), initialised by `init_weights`, on `device`.
+
+    Call after `init_distributed`: megatron reads the TP/PP/VPP/CP groups from `parallel_state`.
+    """
+    vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size() or 1
+    chunks = [
+        build_gpt_model(
+            dims,
+            device,
+            params_dtype,
+            vp_stage=stage if vpp > 1 else None,
+            sequence_parallel=sequence_parallel,
+            microbatch_group_size_per_vp_stage=microbatch_group_size_per_vp_stage,
+        )
+        for stage in range(vpp)
+    ]
+    init_weights(chunks, dims, seed)
+    if device == "cuda":
+        for chunk in chunks:
+            chunk.cuda(torch.cuda.current_device())
+    return chunks

@@ -17,9 +17,10 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.train.checks import (
-    check_gloo_layout,
+    check_cpu_layout,
     check_gpu_count,
     check_knobs,
+    check_model_split,
     check_rollout_fits,
     check_steps,
     check_trainable,
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CpuTrainer:
-    """Train the policy with megatron-core on gloo: tensor and data parallelism on CPU."""
+    """Train the policy with megatron-core on CPU ranks over gloo: every layout (dp, tp, pp, vpp,
+    cp) through the same megatron schedules, DDP and loss as trainer=gpu, in float32."""
 
     nproc_per_node: int | None = None
     """Workers the launcher starts per node; null: the layout's dp × tp × pp × cp over the nodes."""
@@ -62,9 +64,10 @@ class CpuTrainer:
     """A step whose loss or gradient norm is not finite stops the run (the last checkpoint is
     kept); true: a step the optimizer skipped is skipped and counted in train/skipped_steps."""
 
-
     backend: ClassVar[str] = "gloo"
     device: ClassVar[str] = "cpu"
+    params_dtype: ClassVar[str] = "float32"
+    use_distributed_optimizer: ClassVar[bool] = False
 
     def num_procs(self, job: Job) -> int:
         """Workers to start on this node: nproc_per_node, or the world size over the nodes."""
@@ -90,6 +93,7 @@ class CpuTrainer:
             nproc_per_node=(self.nproc_per_node, 1, None),
         )
         self.check_layout(job)
+        check_model_split(job.layout, job.cfg.model.num_layers)
         env = torchrun_env()
         if env is None:
             nodes, procs = node_count(), self.num_procs(job)
@@ -119,8 +123,10 @@ class CpuTrainer:
             )
 
     def check_layout(self, job: Job) -> None:
-        """gloo runs tp and dp only (checked first, before the world size)."""
-        check_gloo_layout(job.layout)
+        """What megatron's local layers on CPU cannot run, and megatron's interleaving rule
+        (checked first, before the world size)."""
+        check_cpu_layout(job.layout)
+        check_vpp(job.layout, job.schedule)
 
     def run(self, job: Job) -> None:
         """Give the rollout tokens, then train in torchrun's workers or start our own (the app
@@ -146,6 +152,8 @@ class GpuTrainer(CpuTrainer):
 
     params_dtype: str = "bfloat16"
     """Model weights' dtype: bfloat16, float16 or float32."""
+    use_distributed_optimizer: bool = False
+    """megatron's distributed optimizer: optimizer state sharded over the DP ranks."""
 
     backend: ClassVar[str] = "nccl"
     device: ClassVar[str] = "cuda"

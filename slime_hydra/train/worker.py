@@ -12,12 +12,13 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from slime_hydra.config import open_sinks
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.train import checkpoint
+from slime_hydra.train import checkpoint, cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.engine import Engine
+from slime_hydra.train.engine import MegatronEngine, PolicyLoss
 from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.job import Job
 from slime_hydra.train.loop import run_steps
+from slime_hydra.train.optimizer import OptimizerSettings
 from slime_hydra.train.torchrun import TorchrunEnv, torchrun_env
 
 if TYPE_CHECKING:
@@ -49,27 +50,25 @@ def check_same_run_dir(job: Job) -> None:
         )
 
 
-def build_engine(trainer: CpuTrainer, job: Job) -> Engine:
-    """The CPU engine, or megatron's GPU schedules for trainer=gpu."""
-    dims = ModelDims.from_mapping(job.cfg.model)
-    args = (dims, trainer.lr, trainer.weight_decay, trainer.clip_grad)
-    if trainer.device == "cuda":
-        from slime_hydra.train.gpu import GpuEngine
-
-        return GpuEngine(
-            *args,
-            trainer.eps_clip,
-            trainer.eps_clip_high,
-            trainer.params_dtype,
-            job.layout.sequence_parallel,
-        )
-    from slime_hydra.train.cpu import CpuEngine
-
-    return CpuEngine(*args, trainer.eps_clip, trainer.eps_clip_high)
+def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
+    """The one engine on this trainer's device and dtype; on CPU, megatron's CUDA placements
+    are mapped to the CPU first (train/cpu_shim.py)."""
+    if trainer.device == "cpu":
+        cpu_shim.apply()
+    return MegatronEngine(
+        ModelDims.from_mapping(job.cfg.model),
+        job.layout,
+        OptimizerSettings(trainer.lr, trainer.weight_decay, trainer.clip_grad),
+        PolicyLoss(trainer.eps_clip, trainer.eps_clip_high),
+        seed=job.cfg.seed,
+        device=trainer.device,
+        params_dtype=getattr(torch, trainer.params_dtype),
+        use_distributed_optimizer=trainer.use_distributed_optimizer,
+    )
 
 
 def start_step(
-    trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: Engine
+    trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: MegatronEngine
 ) -> tuple[int, dict[str, int]]:
     """0 for a fresh run; the saved step count on resume or after an elastic restart, with the
     step loop's counters (e.g. skipped steps) as saved."""

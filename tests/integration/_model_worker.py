@@ -16,8 +16,9 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from omegaconf import OmegaConf
 
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.loss import policy_loss
-from slime_hydra.train.model import build_gpt_model
+from slime_hydra.train.model import build_model_chunks
 
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [5, 9, 3]
@@ -57,7 +58,8 @@ def main(out: str, tp: int) -> None:
     init_distributed(tp=tp)
     try:
         seed_everything(1234)
-        model = build_gpt_model(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
+        dims = ModelDims.from_mapping(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
+        (model,) = build_model_chunks(dims, seed=1234)
         gen = torch.Generator().manual_seed(0)
         tokens = [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]
         perturbed = [torch.randint(0, 256, (LENGTHS[0],), generator=gen), *tokens[1:]]
