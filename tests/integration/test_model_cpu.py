@@ -10,7 +10,6 @@ import torch
 from omegaconf import OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.train.distributed import init_distributed
 from slime_hydra.train.flops import ModelDims, flops_coefficients
 from tests.integration.torchrun import REPO, run_torchrun
 
@@ -60,12 +59,6 @@ def test_tensor_parallel_matches_single_rank(tp1: dict[str, Any], tmp_path: Path
         torch.testing.assert_close(tp2[key], tp1[key], rtol=1e-4, atol=1e-4)
     assert tp2["loss"] == pytest.approx(tp1["loss"], rel=1e-4)
     assert tp2["grad_norm"] == pytest.approx(tp1["grad_norm"], rel=1e-4)
-
-
-@pytest.mark.parametrize(("pp", "vpp", "cp"), [(2, 1, 1), (1, 2, 1), (1, 1, 2)])
-def test_gloo_refuses_pipeline_and_context_parallelism(pp: int, vpp: int, cp: int) -> None:
-    with pytest.raises(SlimeHydraError, match="trainer=gpu"):
-        init_distributed(tp=1, pp=pp, cp=cp, backend="gloo", vpp=vpp)
 
 
 def test_model_configs_load() -> None:

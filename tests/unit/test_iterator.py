@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
 from tests.rollouts import random_tokens
 
@@ -100,17 +101,33 @@ def test_masked_token_mean_matches_sample_by_sample(sched, cp_size, pad_multiple
     assert num == pytest.approx(want_num, rel=1e-9, abs=1e-9)
 
 
-def test_reset_replays_the_same_microbatches():
-    """After reset() the iterator yields identical micro-batches again (one pass per VPP chunk)."""
+def test_every_pass_yields_the_same_microbatches_packed_once():
+    """Each iter() is a fresh pass (one per VPP chunk) over micro-batches packed only once."""
     batch = random_batch(5, 10, 30)
     it = MicrobatchIterator(batch, [[0, 3], [9], [1, 2, 4]], step=0, dp_rank=0, tp_size=2)
-    first = list(it)
+    first, second = list(it), list(it)
     assert len(it) == 3 and first[0].tokens.shape[1] % 256 == 0
-    with pytest.raises(StopIteration):
-        next(it)
-    it.reset()
-    for a, b in zip(first, it, strict=True):
-        assert a.tokens.equal(b.tokens) and a.cu_seqlens.equal(b.cu_seqlens)
+    assert all(a is b for a, b in zip(first, second, strict=True))
+    chunk_a, chunk_b = iter(it), iter(it)
+    assert next(chunk_a) is next(chunk_b) is first[0]
+
+
+def test_seq_length_is_the_longest_packed_microbatch_over_the_cp_group():
+    """Lengths 5 and 3 (together) and 7: with cp=2 each pads to a multiple of 4 → 8+4 and 8;
+    per CP rank 6 and 4 tokens, padded to a multiple of 4 → 8 and 4; times cp → 16."""
+    batch = RolloutTokens.from_samples(
+        tokens=[np.arange(1, n + 1) for n in (5, 3, 7)],
+        response_lengths=np.array([2, 1, 3]),
+        loss_masks=[np.ones(r, bool) for r in (2, 1, 3)],
+        rewards=np.zeros(3),
+        group_ids=np.arange(3),
+        advantages=[np.ones(r) for r in (2, 1, 3)],
+    ).to_batch()
+    it = MicrobatchIterator(batch, [[0, 1], [2]], step=0, dp_rank=0, pad_multiple=4, cp_size=2)
+    assert it.seq_length() == 16
+    assert it.seq_length() == max(mb.tokens.shape[1] for mb in it) * 2
+    flat = MicrobatchIterator(batch, [[0, 1], [2]], step=0, dp_rank=0, pad_multiple=1)
+    assert flat.seq_length() == 8
 
 
 def test_empty_microbatch_is_refused_with_its_place():

@@ -52,17 +52,37 @@ def test_world_size_mismatch_names_the_overrides(job_of):
         trainer.check(job)
 
 
+def test_cpu_trainer_asks_for_gpu_for_sequence_parallel_only(job_of):
+    trainer, job = job_of(
+        "parallel.sequence_parallel=true",
+        "parallel.tp=2",
+        "parallel.dp=1",
+        "trainer.nproc_per_node=2",
+    )
+    with pytest.raises(
+        SlimeHydraError, match=r"parallel\.sequence_parallel=true needs trainer=gpu.*=false"
+    ):
+        trainer.check(job)
+
+
 @pytest.mark.parametrize(
-    ("override", "extra"),
+    "layout",
     [
-        ("parallel.pp=2", "parallel.dp=1"),
-        ("parallel.cp=2", "parallel.dp=1"),
-        ("parallel.sequence_parallel=true", "parallel.tp=2"),
+        ("parallel.pp=2",),
+        ("parallel.cp=2",),
+        ("parallel.pp=2", "parallel.vpp=2", "model.num_layers=4"),
     ],
 )
-def test_cpu_trainer_asks_for_gpu_for_pp_cp_and_sequence_parallel(job_of, override, extra):
-    trainer, job = job_of(override, extra, "parallel.dp=1", "trainer.nproc_per_node=2")
-    with pytest.raises(SlimeHydraError, match=rf"{override}.*trainer=gpu"):
+def test_cpu_trainer_accepts_pipeline_and_context_parallel_layouts(job_of, layout):
+    trainer, job = job_of(*layout, "parallel.dp=1", "trainer.nproc_per_node=2")
+    trainer.check(job)
+
+
+def test_layers_that_do_not_split_into_pp_vpp_chunks_are_refused(job_of):
+    trainer, job = job_of(
+        "parallel.pp=2", "parallel.vpp=2", "parallel.dp=1", "trainer.nproc_per_node=2"
+    )
+    with pytest.raises(SlimeHydraError, match=r"model\.num_layers=2 .* 2×2 = 4 .*num_layers=4"):
         trainer.check(job)
 
 
@@ -90,10 +110,10 @@ def test_a_sound_job_passes(job_of):
 
 
 def test_empty_micro_batch_is_refused_naming_the_preset():
-    # The slime issue #1838 schedule of test_legacy: rank 1's third micro-batch is empty.
-    layout = ParallelLayout(dp=2)
-    strategy = SlimeLegacyBatching(layout, None, 100, "up", True, preset="slime_1823")
-    schedule = strategy.plan([90, 150, 90, 10, 90, 10, 5, 10], list(range(8)))
+    # slime issue #1838's shape: DP rank 1's third micro-batch is empty.
+    strategy = SlimeLegacyBatching(ParallelLayout(dp=2), None, 100, "up", True, preset="slime_1823")
+    ranks = [[[0], [1], [2]], [[3, 4], [5], []]]
+    schedule = Schedule(lengths=(90,) * 6, cap=100, steps=(StepSchedule.build(0, ranks),))
     with pytest.raises(SlimeHydraError, match=r"batching=slime_1823 .*micro-batch 2 of DP rank 1"):
         check_trainable(schedule, strategy)
 
