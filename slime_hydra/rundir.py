@@ -41,6 +41,7 @@ RESUME_FREE = (
     "trainer.fail_at_step",
     "trainer.nproc_per_node",
     "trainer.skip_nonfinite",
+    "trainer.export_hf",
     "logger.",
 )
 """Keys (or `prefix.`) a resume may change: how long, how often to save, where to log."""
@@ -151,7 +152,8 @@ class ConfigDiff:
 
 def diff_configs(old: Mapping[str, Any], new: Mapping[str, Any]) -> ConfigDiff:
     """Sort every differing key into refused (schedule, model, data, ...), applied (optimizer)
-    and free (length of the run, logging)."""
+    and free (length of the run, logging, and a key the saved config lacks whose new value is
+    null/false: an option added since, off as it was)."""
     a, b = flatten(old), flatten(new)
     refused, applied, free = [], [], []
     for key in sorted(set(a) | set(b)):
@@ -159,7 +161,9 @@ def diff_configs(old: Mapping[str, Any], new: Mapping[str, Any]) -> ConfigDiff:
         if va == vb:
             continue
         entry = (key, va, vb)
-        if _matches(key, RESUME_FREE):
+        # A setting newer than the saved run, at its off value: it was off in that run too.
+        added_off = va is ABSENT and vb in (None, False)
+        if added_off or _matches(key, RESUME_FREE):
             free.append(entry)
         elif _matches(key, RESUME_APPLIED):
             applied.append(entry)

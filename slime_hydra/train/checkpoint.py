@@ -213,6 +213,19 @@ def verify(run_dir: Path, world_size: int, digest: str) -> int | None:
     return steps_done
 
 
+def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """`model.load_state_dict(weights)`; a ModuleList of megatron DDP chunks loads chunk by chunk
+    (its state_dict keys are `i.<name>`: megatron's DDP leaves out its `module.` prefix)."""
+    if not isinstance(model, torch.nn.ModuleList):
+        model.load_state_dict(weights)
+        return
+    for i, chunk in enumerate(model):
+        prefix = f"{i}."
+        chunk.load_state_dict(
+            {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+        )
+
+
 def load(
     run_dir: Path, rank: int, model: torch.nn.Module, optimizer: Any, digest: str
 ) -> tuple[int, dict[str, int]]:
@@ -230,7 +243,7 @@ def load(
             "the same data, batching and parallel config (the run dir's config.yaml)."
         )
     try:
-        model.load_state_dict(state["model"])
+        load_weights(model, state["model"])
     except RuntimeError as exc:
         raise SlimeHydraError(
             f"{path} does not fit this rank's model: {str(exc).strip().splitlines()[-1][:300]}. "

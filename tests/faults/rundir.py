@@ -21,9 +21,11 @@ def digest(files: dict[str, bytes]) -> dict[str, str]:
     return {k: hashlib.sha256(v).hexdigest() for k, v in files.items()}
 
 
-def assert_untouched(before: dict[str, bytes], root: Path) -> None:
-    """Every file is as it was (a log may only have grown); nothing new but the lock or a log."""
-    after = snapshot(root)
+def assert_untouched(before: dict[str, bytes], root: Path, ignore: tuple[str, ...] = ()) -> None:
+    """Every file is as it was (a log may only have grown); nothing new but the lock or a log;
+    `ignore` names files that are no run's (Hydra's multirun.yaml of a sweep dir)."""
+    after = {k: v for k, v in snapshot(root).items() if k not in ignore}
+    before = {k: v for k, v in before.items() if k not in ignore}
     lost = sorted(set(before) - set(after))
     assert not lost, f"lost: {lost}"
     for name, content in before.items():

@@ -1,0 +1,161 @@
+"""The run-dir faults of issue 11 from the command line: a refused run exits 1 with one
+paragraph, no traceback, and leaves every file of the run dir as it was (checksums)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from slime_hydra.rundir import RunDirLock
+from tests.faults.rundir import assert_untouched, snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+SMALL = [
+    "logger=jsonl",
+    "data.num_prompts=8",
+    "data.n_samples_per_prompt=4",
+    "data.prompt_len_median=32",
+    "data.max_prompt_len=64",
+    "data.response_len_median=64",
+    "data.max_response_len=192",
+    "batching.global_batch_size=8",
+]
+
+
+def cli(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def refused(out: subprocess.CompletedProcess[str], *needles: str) -> str:
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    for needle in needles:
+        assert needle in text, text[-4000:]
+    return text
+
+
+def steps(run_dir: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_second_plan_into_the_same_dir_is_refused_and_changes_nothing(tmp_path):
+    assert cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}").returncode == 0
+    before = snapshot(tmp_path)
+    out = cli("trainer=plan", "logger=jsonl", "parallel.dp=2", f"hydra.run.dir={tmp_path}")
+    refused(out, "already holds a run", "hydra.run.dir")
+    assert_untouched(before, tmp_path)
+    assert steps(tmp_path) == [0, 1, 2, 3]
+
+
+def test_a_second_sweep_into_the_same_sweep_dir_leaves_the_first_whole(tmp_path):
+    sweep = ["-m", "trainer=plan", "logger=jsonl", "batching=fixed,dynamic"]
+    assert cli(*sweep, f"hydra.sweep.dir={tmp_path}").returncode == 0
+    before = snapshot(tmp_path)
+    out = cli(*sweep, f"hydra.sweep.dir={tmp_path}")
+    assert out.returncode == 0  # a sweep goes on past failed jobs
+    assert (out.stdout + out.stderr).count("already holds a run") == 2
+    assert_untouched(before, tmp_path, ignore=("multirun.yaml",))  # Hydra's own sweep file
+    assert not list(tmp_path.rglob("error.txt"))
+
+
+def test_a_run_into_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
+    lock = RunDirLock(tmp_path).acquire()
+    try:
+        before = snapshot(tmp_path)
+        out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}")
+        refused(out, f"in use by another run (pid {os.getpid()}")
+        assert_untouched(before, tmp_path)
+    finally:
+        lock.release()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two steps on two CPU ranks, a checkpoint after each."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.max_steps=2", "trainer.save_interval=1")
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(trained: Path, tmp_path: Path) -> Path:
+    """A copy of the trained run dir for one test to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained, copy)
+    (copy / ".lock").write_text("")
+    return copy
+
+
+def test_rerunning_a_trained_dir_without_resume_is_refused(run_dir):
+    before = snapshot(run_dir)
+    refused(cli(f"hydra.run.dir={run_dir}", *SMALL), "already holds a run", "trainer.resume=true")
+    assert_untouched(before, run_dir)
+
+
+def test_a_resume_with_a_changed_schedule_key_is_refused_before_writing(run_dir):
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true", "batching=fixed")
+    refused(out, "trainer.resume=true refused", "batching._target_", str(run_dir / "config.yaml"))
+    assert_untouched(before, run_dir)  # config.yaml, schedule.json, .hydra/ as they were
+
+
+class RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/slime_hydra_cli_pwned",))
+
+
+def test_a_crafted_checkpoint_is_refused_and_runs_nothing(run_dir):
+    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+    torch.save({"steps_done": 2, "schedule": "x", "model": RunsCode(), "optimizer": {}}, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    refused(out, "rank_000.pt holds objects that only a full unpickler", "was not loaded")
+    assert not Path("/tmp/slime_hydra_cli_pwned").exists()
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
+    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+    state = torch.load(path, weights_only=True)
+    state["model"] = {
+        k: v[..., :1].clone() if isinstance(v, torch.Tensor) and v.dim() else v
+        for k, v in state["model"].items()
+    }
+    torch.save(state, path)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(out, "training failed on rank 0", "does not fit this rank's model")
+    assert "failed on rank 1" not in text
+
+
+def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + '{"step": 2, "train/lo')  # killed mid-write
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true", "trainer.lr=0.002")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert "trainer.lr: 0.001 → 0.002" in text and "torn last line" in text
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["train/lr"] for r in rows] == [0.001, 0.001, 0.002, 0.002]
+
+
+def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    out = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.lr=1e30", "trainer.save_interval=1")
+    refused(out, "is not finite", "trainer.skip_nonfinite=true", "failed on rank 0")
+    text = out.stdout + out.stderr
+    bad = int(text.split("): step ")[1].split(":")[0])
+    assert (tmp_path / "checkpoints/latest").read_text().strip() == str(bad)
+    assert steps(tmp_path) == list(range(bad))
