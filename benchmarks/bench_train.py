@@ -1,21 +1,27 @@
 """Training throughput of dynamic vs fixed batching on the same rollouts, trainer=cpu.
 
-Run: .venv/bin/python benchmarks/bench_train.py [--scenario NAME] [--layout NAME]
-Each batching trains the tiny model through the real CLI (2 gloo ranks) on the same synthetic
-rollout. Without dynamic batching a user must pick micro_batch_size so that the longest samples
-still fit the memory cap: `fixed (safe)` is the largest such size, `fixed (2x)` doubles it and
-breaks the cap (it would run out of memory on a GPU sized for the cap). tokens/s counts real
-tokens over the summed step times, step 0 (warm-up) excluded.
+Run: .venv/bin/python benchmarks/bench_train.py [--scenario NAME] [--layout NAME] [--calibrate]
+Each batching trains the tiny model (4 layers) through the real CLI (2 gloo ranks) on the same
+synthetic rollout. Without dynamic batching a user must pick micro_batch_size so that the
+longest samples still fit the memory cap: `fixed (safe)` is the largest such size, `fixed (2x)`
+doubles it and breaks the cap (it would run out of memory on a GPU sized for the cap). tokens/s
+counts real tokens over the summed step times, step 0 (warm-up) excluded.
 
 Two rollouts: the default synthetic lengths (median ~2k tokens) and short answers with a
 truncated tail (median ~110 tokens, a few near 4k), where the safe fixed size needs 14x more
-micro-batches than dynamic. Two layouts of the 2 ranks:
+micro-batches than dynamic. Three layouts of the 2 ranks:
 - tp=2: every micro-batch pays per-layer tensor-parallel all-reduces, a fixed cost per
   micro-batch as on GPUs (there: also kernel launches and pipeline bubbles). Fewer, fuller
   micro-batches win here: dynamic is ahead (README: Measured).
 - dp=2: no per-micro-batch communication. On 2 CPU cores a micro-batch's fixed cost is a few ms
   and compute per token does not fall with size, so fixed batching is level with dynamic or a
   few percent faster; dynamic still keeps every micro-batch under the cap with the fewest.
+- pp=2 vpp=2: megatron's interleaved 1F1B over gloo; every micro-batch crosses the stage
+  boundary 2 × vpp times each way (shape exchange, then activations or gradients).
+
+`--calibrate` runs trainer=plan on the same configs and prints the measured step time against
+the cost model's `sim/step_s` per layout, with the TFLOP/s that would make them agree: the cost
+model is right up to one constant when that figure is the same for every layout.
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ from pathlib import Path
 from slime_hydra.data.synthetic import SyntheticGRPO
 
 REPO = Path(__file__).resolve().parents[1]
-LAYOUTS = {"tp=2": {"dp": 1, "tp": 2}, "dp=2": {"dp": 2, "tp": 1}}
+LAYOUTS = {
+    "tp=2": {"dp": 1, "tp": 2},
+    "dp=2": {"dp": 2, "tp": 1},
+    "pp=2 vpp=2": {"dp": 1, "pp": 2, "vpp": 2, "microbatch_group_size_per_vp_stage": 2},
+}
+MODEL = ["model.num_layers=4"]
+"""Four layers, so that pp=2 × vpp=2 has one per model chunk; the same model on every layout."""
 SCENARIOS = {
     "default lengths": {"num_prompts": 16},
     "short answers, long tail": {
@@ -71,6 +83,7 @@ def scenario(name: str, data: dict, layout: str, global_batch_size: int, cap: in
     mbs = safe_micro_batch_size(max_len, cap, global_batch_size // sizes["dp"])
     common = [
         "logger=jsonl",
+        *MODEL,
         *(f"parallel.{key}={value}" for key, value in sizes.items()),
         f"batching.global_batch_size={global_batch_size}",
         f"batching.max_tokens_per_gpu={cap}",
@@ -102,14 +115,46 @@ def scenario(name: str, data: dict, layout: str, global_batch_size: int, cap: in
             )
 
 
+def calibrate(data: dict, global_batch_size: int, cap: int) -> None:
+    """Measured step time against trainer=plan's sim/step_s, dynamic batching, every layout."""
+    default_tflops = 400.0  # trainer=plan's achieved_tflops default (conf/trainer/plan.yaml)
+    print(f"\ncost model calibration, dynamic batching, cap {cap}:")
+    print(f"{'layout':<12} {'measured s':>10} {'sim s':>9} {'ratio':>7} {'fit TFLOP/s':>11}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, (layout, sizes) in enumerate(LAYOUTS.items()):
+            common = [
+                "logger=jsonl",
+                *MODEL,
+                *(f"parallel.{key}={value}" for key, value in sizes.items()),
+                f"batching.global_batch_size={global_batch_size}",
+                f"batching.max_tokens_per_gpu={cap}",
+                *(f"data.{key}={value}" for key, value in data.items()),
+            ]
+            measured = train(Path(tmp) / f"train{i}", common)[1:]
+            simulated = train(Path(tmp) / f"plan{i}", [*common, "trainer=plan"])[1:]
+            real, sim = mean(measured, "perf/step_s"), mean(simulated, "sim/step_s")
+            print(
+                f"{layout:<12} {real:>10.2f} {sim:>9.4f} {real / sim:>7.0f} "
+                f"{default_tflops * sim / real:>11.4f}",
+                flush=True,
+            )
+
+
 def main() -> None:
-    """Run every scenario (or the one named)."""
+    """Run every scenario (or the one named), or the calibration."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default=None)
     parser.add_argument("--layout", choices=sorted(LAYOUTS), default=None)
     parser.add_argument("--global-batch-size", type=int, default=None, help="default: 1/4 rollout")
     parser.add_argument("--max-tokens-per-gpu", type=int, default=8192)
+    parser.add_argument("--calibrate", action="store_true", help="cost model vs measured steps")
     args = parser.parse_args()
+    if args.calibrate:
+        name = args.scenario or "short answers, long tail"
+        data = SCENARIOS[name]
+        samples = data["num_prompts"] * SyntheticGRPO().n_samples_per_prompt
+        calibrate(data, args.global_batch_size or samples // 4, args.max_tokens_per_gpu)
+        return
     for layout in LAYOUTS:
         for name, data in SCENARIOS.items():
             if args.scenario in (None, name) and args.layout in (None, layout):

@@ -51,16 +51,21 @@ class StepResult:
     approx_kl: float
     skipped: bool = False
     """The optimizer did not update: a non-finite gradient, or an fp16 loss-scale overflow."""
+    max_memory_gib: float | None = None
+    """Peak CUDA memory allocated during the step, the largest over all ranks (GPU only)."""
 
     def metrics(self) -> dict[str, float]:
-        """The train/* metrics of DESIGN.md (and the PPO diagnostics)."""
-        return {
+        """DESIGN.md's train/* metrics, the PPO diagnostics, and perf/max_memory_gib on GPU."""
+        metrics = {
             "train/loss": self.loss,
             "train/grad_norm": self.grad_norm,
             "train/lr": self.lr,
             "train/clipfrac": self.clipfrac,
             "train/approx_kl": self.approx_kl,
         }
+        if self.max_memory_gib is not None:
+            metrics["perf/max_memory_gib"] = self.max_memory_gib
+        return metrics
 
 
 @dataclass(frozen=True)
@@ -204,8 +209,18 @@ class MegatronEngine:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 
+    def peak_memory_gib(self) -> float | None:
+        """The step's peak CUDA memory, the largest over all ranks; None on CPU."""
+        if self.device != "cuda":
+            return None
+        peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=self.device)
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        return float(peak.item())
+
     def train_step(self, microbatches: MicrobatchIterator) -> StepResult:
         """One optimizer step over this rank's micro-batches of the step."""
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
         loss, clipfrac, approx_kl, tokens = self.forward_backward(microbatches).tolist()
         # The scheduler sets lr and weight decay × wd_mult in every group (again after a
         # checkpoint load restored the saved ones).
@@ -221,4 +236,5 @@ class MegatronEngine:
             clipfrac=clipfrac / tokens,
             approx_kl=approx_kl / tokens,
             skipped=not updated,
+            max_memory_gib=self.peak_memory_gib(),
         )
