@@ -292,7 +292,10 @@ def measure(
     step = StepSchedule.build(0, ranks)
     m = step_metrics(step, lengths, cap, layout, FLOPS)
     a, b = FLOPS
-    cost = [int(a * n + b * n * n) for n in lengths]
+    # Costs in units of 2^-30 of the costliest sample: integers the bound sums without overflow.
+    exact = np.asarray(lengths, dtype=np.float64)
+    exact = a * exact + b * exact * exact
+    cost = np.rint(exact * ((1 << 30) / exact.max())).astype(np.int64).tolist()
     mbs = [mb for rank in step.ranks for mb in rank]
     flops_max = max(sum(cost[i] for i in mb) for mb in mbs)
     flops_lb = max_part_lower_bound(cost, len(mbs), upper=flops_max, rel_tol=1e-4)

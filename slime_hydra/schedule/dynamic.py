@@ -4,30 +4,49 @@ Balance objective (`balance`): `tokens`, or `flops` (a sequence costs a·L + b·
 the model dims); the token cap is a hard limit for both.
 
 Two ways to split a step across DP ranks:
-- `kk`: split samples across ranks by equal-count Karmarkar-Karp, then partition each rank into
-  the common K;
-- `pack`: partition the whole step into dp·K cap-safe parts, then deal K parts to each rank by
-  equal-count Karmarkar-Karp on part cost. Its in-order first-fit fallback guarantees it never
+- `kk`: deal samples to ranks in rounds, heaviest first (partition.batched.split_even: equal
+  counts, even cost, and each rank the same share of the long samples that need micro-batches
+  of their own), then pack every rank into the common K, from the lower bound on K upwards;
+  for many ranks all at once with numpy (LPT or best-fit decreasing), a rank that does not fit
+  that way by the partitioner alone;
+- `pack`: partition the whole step into dp·K cap-safe parts, deal K parts to each rank by
+  equal-count Karmarkar-Karp on part cost, then swap samples between the micro-batches of the
+  heaviest and lightest ranks (within the cap, no micro-batch above the heaviest) until ranks
+  are within a quarter of the tolerance. Its in-order first-fit fallback guarantees it never
   needs more micro-batches than a pack-first scheduler.
 `auto` (the default) plans `kk` and keeps it when its K is the lower bound on K, its heaviest
-micro-batch is within the partitioner's tolerance of a proven lower bound on the heaviest
-micro-batch at that K (partition.bounds), and its ranks are within that tolerance of each
-other; otherwise it also plans `pack` and keeps the better by score: fewer micro-batches, then
-the worse of micro-batch and rank imbalance (within the tolerance counted as equal), then rank
-imbalance.
+micro-batch is within the partitioner's tolerance of a lower bound on the heaviest micro-batch
+at that K (the mean and the largest sample first, the proven bound of partition.bounds only if
+those are missed), and its ranks are within that tolerance of each other; otherwise it also
+plans `pack` and keeps the better by score: fewer micro-batches, then the worse of micro-batch
+and rank imbalance (within the tolerance counted as equal), then rank imbalance.
+
+Internally a step's samples are numbered 0..n-1 (arrays of sizes and weights); global sample
+indices come back only in the returned micro-batches. FLOPs weights are scaled so that the
+step's costliest sample weighs 2^30 (integers, no overflow, ratios kept).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
+from itertools import chain, islice
+
+import numpy as np
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import CappedPartitioner, Partitioner, PartitionError, karmarkar_karp
+from slime_hydra.partition.base import align_up
+from slime_hydra.partition.batched import pack_groups, split_even, worth_batching
 from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.capped import refine
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.metrics import microbatch_lower_bound
 from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
+
+FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
+RANK_SWAP_ROUNDS = 256  # exchanges between ranks after the pack split, at most
 
 
 class Oversize(StrEnum):
@@ -52,7 +71,68 @@ class Balance(StrEnum):
     flops = "flops"
 
 
-Weights = Sequence[int] | dict[int, int]
+@dataclass
+class _Step:
+    """One step's samples in local numbering 0..n-1: global ids, tokens, balanced weights."""
+
+    samples: list[int]
+    sizes: np.ndarray
+    weights: np.ndarray
+    cap: int
+
+    @cached_property
+    def size_list(self) -> list[int]:
+        return self.sizes.tolist()
+
+    @cached_property
+    def weight_list(self) -> list[int]:
+        if self.weights is self.sizes:
+            return self.size_list
+        return self.weights.tolist()
+
+    @cached_property
+    def over(self) -> np.ndarray:
+        """Whether each sample is over the cap (alone in its micro-batch under isolate)."""
+        return self.sizes > self.cap
+
+
+Local = list[list[list[int]]]  # per rank, per micro-batch, local sample numbers
+
+
+@dataclass
+class _Plan:
+    """A step's micro-batches as arrays: local sample numbers rank by rank, micro-batch by
+    micro-batch (`flat`), and the samples in each micro-batch (`counts`, dp × K)."""
+
+    flat: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, ranks: Local) -> _Plan:
+        mbs = list(chain.from_iterable(ranks))
+        counts = np.fromiter(map(len, mbs), dtype=np.int64, count=len(mbs))
+        flat = np.fromiter(chain.from_iterable(mbs), dtype=np.int64, count=int(counts.sum()))
+        return cls(flat, counts.reshape(len(ranks), -1))
+
+    @property
+    def k(self) -> int:
+        return self.counts.shape[1]
+
+    def starts(self) -> np.ndarray:
+        counts = self.counts.ravel()
+        return np.concatenate(([0], np.cumsum(counts)[:-1]))
+
+    def mb_weights(self, weights: np.ndarray) -> np.ndarray:
+        """Total weight of each micro-batch (dp × K); micro-batches are never empty."""
+        return np.add.reduceat(weights[self.flat], self.starts()).reshape(self.counts.shape)
+
+    def nested(self, ids: np.ndarray | None = None) -> Local:
+        """Per rank, per micro-batch lists of local numbers, or of `ids[local]`."""
+        flat = (self.flat if ids is None else ids[self.flat]).tolist()
+        it = iter(flat)
+        k = self.k
+        mbs = [list(islice(it, c)) for c in self.counts.ravel().tolist()]
+        return [mbs[r * k : (r + 1) * k] for r in range(self.counts.shape[0])]
 
 
 class DynamicBatching(BatchingStrategy):
@@ -87,13 +167,19 @@ class DynamicBatching(BatchingStrategy):
             )
         self.tolerance: float = getattr(self.partitioner, "tolerance", 0.01)
 
-    def weights(self, lengths: Sequence[int], samples: Sequence[int]) -> Weights:
-        """What balancing flattens, by global sample index: tokens, or a·L + b·L² FLOPs."""
+    def weights(self, sizes: np.ndarray) -> np.ndarray:
+        """What balancing flattens: tokens, or a·L + b·L² FLOPs scaled so that the costliest
+        sample weighs FLOPS_SCALE (integers; a ratio of costs is kept to about 1e-9)."""
         if self.balance is Balance.tokens:
-            return lengths
+            return sizes
         assert self.flops_coefficients is not None
         a, b = self.flops_coefficients
-        return {i: int(a * lengths[i] + b * lengths[i] * lengths[i]) for i in samples}
+        length = sizes.astype(np.float64)
+        cost = a * length + b * length * length
+        top = float(cost.max()) if cost.size else 0.0
+        if top <= 0:
+            return sizes
+        return np.maximum(np.rint(cost * (FLOPS_SCALE / top)), 1).astype(np.int64)
 
     @property
     def isolates_oversize(self) -> bool:
@@ -102,49 +188,54 @@ class DynamicBatching(BatchingStrategy):
     def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
         cap = self.cap
         assert cap is not None
-        if self.oversize is Oversize.error:
-            for i in samples:
-                if lengths[i] > cap:
-                    raise SlimeHydraError(
-                        f"{where(step)}sample {i} has {lengths[i]} tokens, over the cap of "
-                        f"{cap} tokens per micro-batch (batching.max_tokens_per_gpu="
-                        f"{self.max_tokens_per_gpu} × parallel.cp={self.layout.cp}); raise "
-                        "batching.max_tokens_per_gpu, or set batching.oversize=isolate to train "
-                        "it alone in its own micro-batch."
-                    )
-        w = self.weights(lengths, samples)
-        k_lb = microbatch_lower_bound(
-            [lengths[i] for i in samples], cap, self.layout.dp, self.layout.microbatch_alignment
-        )
+        sizes = np.fromiter((lengths[i] for i in samples), dtype=np.int64, count=len(samples))
+        if self.oversize is Oversize.error and sizes.size and int(sizes.max()) > cap:
+            i = samples[int(sizes.argmax())]
+            raise SlimeHydraError(
+                f"{where(step)}sample {i} has {lengths[i]} tokens, over the cap of "
+                f"{cap} tokens per micro-batch (batching.max_tokens_per_gpu="
+                f"{self.max_tokens_per_gpu} × parallel.cp={self.layout.cp}); raise "
+                "batching.max_tokens_per_gpu, or set batching.oversize=isolate to train "
+                "it alone in its own micro-batch."
+            )
+        st = _Step(list(samples), sizes, self.weights(sizes), cap)
+        k_lb = self._k_lower_bound(st)
         planners = {DpSplit.kk: self._split_then_pack, DpSplit.pack: self._pack_then_deal}
-        candidates: list[RankMicrobatches] = []
+        candidates: list[_Plan] = []
         failures: list[PartitionError] = []
         for split in (DpSplit.kk, DpSplit.pack):
             if self.dp_split not in (DpSplit.auto, split):
                 continue
-            if candidates and self._near_bound(candidates[0], lengths, w, k_lb):
+            if candidates and self._near_bound(candidates[0], st, k_lb):
                 break
             try:
-                candidates.append(planners[split](lengths, samples, w))
+                candidates.append(planners[split](st, k_lb))
             except PartitionError as exc:
                 failures.append(exc)
         if not candidates:
-            raise self._infeasible(lengths, samples, w, step, failures[0])
-        return _best(candidates, w, self.tolerance)
+            raise self._infeasible(st, k_lb, step, failures[0])
+        best = candidates[0] if len(candidates) == 1 else _best(candidates, st, self.tolerance)
+        return best.nested(np.asarray(st.samples, dtype=np.int64))
+
+    def _k_lower_bound(self, st: _Step) -> int:
+        """metrics.microbatch_lower_bound on arrays: fewest micro-batches per rank."""
+        cap = st.cap
+        over = int(st.over.sum())
+        by_tokens = over + -(-int(st.sizes[~st.over].sum()) // cap)
+        by_halves = int((2 * st.sizes > cap).sum())
+        dp = self.layout.dp
+        return align_up(
+            max(-(-max(by_tokens, by_halves) // dp), 1), self.layout.microbatch_alignment
+        )
 
     def _infeasible(
-        self,
-        lengths: Sequence[int],
-        samples: list[int],
-        w: Weights,
-        step: int,
-        failure: PartitionError,
+        self, st: _Step, k_lb: int, step: int, failure: PartitionError
     ) -> SlimeHydraError:
         """The error for a step no split planned; under dp_split=kk it names auto when the
         pack split would have planned it."""
         if self.dp_split is DpSplit.kk:
             try:
-                self._pack_then_deal(lengths, samples, w)
+                self._pack_then_deal(st, k_lb)
             except PartitionError:
                 pass
             else:
@@ -157,54 +248,49 @@ class DynamicBatching(BatchingStrategy):
                 )
         g = self.layout.microbatch_alignment
         return SlimeHydraError(
-            f"{where(step)}{len(samples)} samples cannot fill parallel.dp={self.layout.dp} "
+            f"{where(step)}{len(st.samples)} samples cannot fill parallel.dp={self.layout.dp} "
             f"ranks with the same number of non-empty micro-batches (a multiple of {g}) "
             f"under the cap of {self.cap} tokens ({failure}); raise "
             "batching.global_batch_size, or lower parallel.dp or "
             "parallel.microbatch_group_size_per_vp_stage."
         )
 
-    def _near_bound(
-        self, ranks: RankMicrobatches, lengths: Sequence[int], w: Weights, k_lb: int
-    ) -> bool:
+    def _near_bound(self, plan: _Plan, st: _Step, k_lb: int) -> bool:
         """Whether no other split can score better by more than the tolerance: K at its lower
-        bound, the heaviest micro-batch within tolerance of the proven bound at K, ranks within
-        tolerance of each other."""
-        k = len(ranks[0])
-        if k != k_lb:
+        bound, the heaviest micro-batch within tolerance of a lower bound at K (mean and
+        largest sample first, the proven bound only if needed), ranks within tolerance of
+        each other."""
+        if plan.k != k_lb:
             return False
-        cap = self.cap
-        assert cap is not None
         tol = 1 + self.tolerance
-        rank_w = [sum(w[i] for mb in rank for i in mb) for rank in ranks]
-        if max(rank_w) * len(rank_w) > tol * sum(rank_w):
+        mb_w = plan.mb_weights(st.weights)
+        rank_w = mb_w.sum(1)
+        if rank_w.max() * len(rank_w) > tol * rank_w.sum():
             return False
-        normal = [mb for rank in ranks for mb in rank if len(mb) > 1 or lengths[mb[0]] <= cap]
-        bins = len(ranks) * k - (sum(len(rank) for rank in ranks) - len(normal))
-        if not normal or bins < 1:
+        mb_w = mb_w.ravel()
+        normal = ~((plan.counts.ravel() == 1) & st.over[plan.flat[plan.starts()]])
+        bins = int(normal.sum())
+        items = st.weights[~st.over]
+        if bins < 1 or items.size == 0:
             return True
-        mb_w = [sum(w[i] for i in mb) for mb in normal]
-        top = max(mb_w)
-        items = [w[i] for mb in normal for i in mb]
-        return top <= tol * max_part_lower_bound(items, bins, upper=top, rel_tol=self.tolerance / 8)
+        top = int(mb_w[normal].max())
+        cheap = max(int(items.max()), -(-int(items.sum()) // bins))
+        if top <= tol * cheap:
+            return True
+        bound = max_part_lower_bound(items, bins, upper=top, rel_tol=self.tolerance / 8)
+        return top <= tol * bound
 
     def _pack(
-        self,
-        ids: list[int],
-        lengths: Sequence[int],
-        w: Weights,
-        align: int,
-        min_count: int,
-        floor: int,
-    ) -> list:
-        """Cap-safe micro-batches of `ids`, count >= min_count and a multiple of `align`,
-        balanced by `w`; samples over the cap (only present under oversize=isolate) each sit
-        alone. `floor` is the step's heaviest micro-batch-to-be (in `w`), below which balancing
-        buys nothing."""
-        cap = self.cap
-        assert cap is not None
-        over = [[i] for i in ids if lengths[i] > cap]
-        normal = [i for i in ids if lengths[i] <= cap]
+        self, ids: list[int], st: _Step, align: int, min_count: int, floor: int
+    ) -> list[list[int]]:
+        """Cap-safe micro-batches of local samples `ids`, count >= min_count and a multiple of
+        `align`, balanced by weight; samples over the cap (only present under
+        oversize=isolate) each sit alone. `floor` is the step's heaviest micro-batch-to-be, below
+        which balancing buys nothing."""
+        cap = st.cap
+        sizes, weights = st.size_list, st.weight_list
+        over = [[i] for i in ids if sizes[i] > cap]
+        normal = [i for i in ids if sizes[i] <= cap]
         if not normal:
             if len(over) < min_count or len(over) % align:
                 raise PartitionError(
@@ -212,66 +298,269 @@ class DynamicBatching(BatchingStrategy):
                     f"micro-batches in multiples of {align}"
                 )
             return over
-        sizes = {} if w is lengths else {"sizes": [lengths[i] for i in normal]}
+        extra = {} if weights is sizes else {"sizes": [sizes[i] for i in normal]}
         parts = self.partitioner(
-            [w[i] for i in normal],
+            [weights[i] for i in normal],
             cap,
             align=align,
             offset=len(over),
             min_parts=max(1, min_count - len(over)),
             floor=floor,
-            **sizes,
+            **extra,
         )
         return [[normal[j] for j in part] for part in parts] + over
 
-    def _pack_then_deal(
-        self, lengths: Sequence[int], samples: list[int], w: Weights
-    ) -> RankMicrobatches:
-        """Partition the step into dp·K parts, then deal K parts to each rank."""
+    def _pack_then_deal(self, st: _Step, k_lb: int) -> _Plan:
+        """Partition the step into dp·K parts, deal K parts to each rank, even the ranks."""
+        del k_lb
         dp = self.layout.dp
+        ids = list(range(len(st.samples)))
         # floor 0: parts as even as possible, so that dealing K of them evens the ranks too.
-        parts = self._pack(samples, lengths, w, dp * self.layout.microbatch_alignment, dp, 0)
-        cost = [sum(w[i] for i in part) for part in parts]
-        return [
+        parts = self._pack(ids, st, dp * self.layout.microbatch_alignment, dp, 0)
+        weights = st.weight_list
+        cost = [sum(weights[i] for i in part) for part in parts]
+        ranks = [
             [parts[p] for p in sorted(deal, key=lambda p: -cost[p])]
             for deal in karmarkar_karp(cost, dp, equal_size=True)
         ]
+        even_ranks(ranks, st.size_list, weights, st.cap, self.tolerance / 4)
+        return _Plan.of(ranks)
 
-    def _split_then_pack(
-        self, lengths: Sequence[int], samples: list[int], w: Weights
-    ) -> RankMicrobatches:
-        """Split samples across ranks by equal-count KK, then pack each rank into a common K."""
+    def _split_then_pack(self, st: _Step, k_lb: int) -> _Plan:
+        """Deal samples to ranks in rounds, then pack every rank into a common K."""
+        dp = self.layout.dp
         g = self.layout.microbatch_alignment
-        rank_ids = [
-            [samples[j] for j in part]
-            for part in karmarkar_karp([w[i] for i in samples], self.layout.dp, True)
-        ]
-        # Ranks are even already; a micro-batch can be no lighter than the heaviest sample.
-        cap = self.cap
-        assert cap is not None
-        floor = max((w[i] for i in samples if lengths[i] <= cap), default=0)
-        packed = [self._pack(ids, lengths, w, g, 1, floor) for ids in rank_ids]
+        cols = split_even(st.weights, dp, self.tolerance / 4)
+        # A micro-batch can be no lighter than the heaviest sample (ranks are even already).
+        normal = st.weights[~st.over]
+        floor = int(normal.max()) if normal.size else 0
+        fast = (
+            isinstance(self.partitioner, CappedPartitioner)
+            and not st.over.any()
+            and worth_batching(dp, cols.shape[0], k_lb)
+        )
+        if fast:
+            return self._pack_ranks_together(cols, st, k_lb, floor)
+        rank_ids = [[j for j in col if j >= 0] for col in cols.T.tolist()]
+        packed = [self._pack(ids, st, g, 1, floor) for ids in rank_ids]
         k = max(len(mbs) for mbs in packed)
         while any(len(mbs) != k for mbs in packed):
             packed = [
-                mbs if len(mbs) == k else self._pack(ids, lengths, w, g, k, floor)
+                mbs if len(mbs) == k else self._pack(ids, st, g, k, floor)
                 for ids, mbs in zip(rank_ids, packed, strict=True)
             ]
             k = max(len(mbs) for mbs in packed)
-        return packed
+        return _Plan.of(packed)
+
+    def _pack_ranks_together(self, cols: np.ndarray, st: _Step, k: int, floor: int) -> _Plan:
+        """Every rank into the same K parts at once (partition.batched.pack_groups); a rank
+        that neither LPT nor best-fit fits goes to the partitioner alone, and K rises (in
+        steps of the VPP alignment) until every rank fits. Ranks whose heaviest part is above
+        the tolerance of the bound are then refined one by one."""
+        g = self.layout.microbatch_alignment
+        dp = self.layout.dp
+        cap = st.cap
+        rounds = cols.shape[0]
+        valid = cols >= 0
+        while True:
+            if k > rounds:
+                raise PartitionError(
+                    f"a rank's {rounds} or fewer samples cannot fill {k} non-empty micro-batches"
+                )
+            mean = -(-int(st.sizes.sum()) // (dp * k))
+            tight = max(int(st.sizes.max()), mean) * (1 + self.tolerance) >= cap
+            part = np.zeros_like(cols)
+            ok = np.zeros(dp, dtype=bool)
+            for best_fit in (tight, not tight):
+                todo = np.flatnonzero(~ok)
+                if todo.size == 0:
+                    break
+                got, fits = pack_groups(cols[:, todo], st.sizes, st.weights, k, cap, best_fit)
+                filled = _all_parts_filled(got, valid[:, todo], k)
+                done = fits & filled
+                part[:, todo[done]] = got[:, done]
+                ok[todo[done]] = True
+            alone: dict[int, list[list[int]]] = {}
+            need = k
+            for r in np.flatnonzero(~ok).tolist():
+                ids = [j for j in cols[:, r].tolist() if j >= 0]
+                parts = self._pack(ids, st, 1, k, floor)
+                alone[r] = parts
+                need = max(need, len(parts))
+            if need == k:
+                break
+            k = align_up(need, g)
+        return self._assemble(cols, part, alone, st, k, floor)
+
+    def _assemble(
+        self,
+        cols: np.ndarray,
+        part: np.ndarray,
+        alone: dict[int, list[list[int]]],
+        st: _Step,
+        k: int,
+        floor: int,
+    ) -> _Plan:
+        """The plan from the part matrix (and the ranks packed alone), after refining the ranks
+        whose heaviest part is above (1 + tolerance) × a lower bound on the step's heaviest
+        part at dp·K: the largest sample and the mean first, the proven bound if missed."""
+        dp = self.layout.dp
+        if alone:  # those ranks' columns: their parts from the partitioner, in order
+            cols = cols.copy()
+            part = part.copy()
+            for r, parts in alone.items():
+                members = [i for p, mb in enumerate(parts) for i in mb]
+                where_ = [p for p, mb in enumerate(parts) for _ in mb]
+                cols[:, r] = -1
+                cols[: len(members), r] = members
+                part[: len(members), r] = where_
+        valid = cols >= 0
+        key = (np.arange(dp) * k)[None, :] + part
+        key, local = key[valid], cols[valid]
+        order = np.lexsort((local, key))
+        counts = np.bincount(key, minlength=dp * k).reshape(dp, k)
+        plan = _Plan(local[order], counts)
+        mb_w = np.bincount(key, weights=st.weights[local], minlength=dp * k)
+        total = int(st.weights.sum())
+        goal = int(max(floor, int(st.weights.max()), -(-total // (dp * k))) * (1 + self.tolerance))
+        top = float(mb_w.max())
+        if top <= goal:
+            return plan
+        bound = max_part_lower_bound(st.weights, dp * k, upper=int(top), rel_tol=self.tolerance / 8)
+        goal = max(goal, int(bound * (1 + self.tolerance)))
+        if top <= goal:
+            return plan
+        rounds = getattr(self.partitioner, "refine_rounds", None) or 4 * k
+        weights, sizes = st.weight_list, st.size_list
+        ranks = plan.nested()
+        heavy = mb_w.reshape(dp, k).max(1) > goal
+        for r in np.flatnonzero(heavy).tolist():
+            rank = ranks[r]
+            sums = [sum(weights[i] for i in mb) for mb in rank]
+            loads = sums if weights is sizes else [sum(sizes[i] for i in mb) for mb in rank]
+            refine(rank, sums, weights, goal, 4 * rounds, sizes, loads, st.cap)
+        return _Plan.of(ranks)
 
 
-def _best(candidates: list[RankMicrobatches], w: Weights, tolerance: float) -> RankMicrobatches:
+def _all_parts_filled(part: np.ndarray, valid: np.ndarray, k: int) -> np.ndarray:
+    """Per group (column), whether every one of its k parts got an item."""
+    groups = part.shape[1]
+    key = (np.arange(groups) * k)[None, :] + part
+    filled = np.bincount(key[valid], minlength=groups * k).reshape(groups, k)
+    return (filled > 0).all(1)
+
+
+def even_ranks(
+    ranks: Local, sizes: Sequence[int], weights: Sequence[int], cap: int, tolerance: float
+) -> None:
+    """Move or swap samples between micro-batches of the heaviest and the lightest rank, in
+    place, until the heaviest rank is within `tolerance` of the mean or no exchange helps.
+
+    An exchange keeps every micro-batch of two or more samples within `cap` (sizes), leaves no
+    micro-batch empty, makes no micro-batch heavier than the heaviest one before, and its
+    weight shift d lies in (0, gap) between the two ranks, nearest gap/2."""
+    dp = len(ranks)
+    if dp < 2:
+        return
+    mb_w = [[sum(weights[i] for i in mb) for mb in rank] for rank in ranks]
+    mb_s = [[sum(sizes[i] for i in mb) for mb in rank] for rank in ranks]
+    rank_w = [sum(ws) for ws in mb_w]
+    total = sum(rank_w)
+    ceiling = max(max(ws) for ws in mb_w)
+    for _ in range(RANK_SWAP_ROUNDS):
+        p = max(range(dp), key=rank_w.__getitem__)
+        q = min(range(dp), key=rank_w.__getitem__)
+        gap = rank_w[p] - rank_w[q]
+        if gap <= 0 or rank_w[p] * dp <= (1 + tolerance) * total:
+            return
+        move = _rank_exchange(ranks, mb_w, mb_s, p, q, gap, sizes, weights, cap, ceiling)
+        if move is None:
+            return
+        a, i, b, j, d = move
+        ranks[p][a].remove(i)
+        ranks[q][b].append(i)
+        shift = sizes[i]
+        if j is not None:
+            ranks[q][b].remove(j)
+            ranks[p][a].append(j)
+            shift -= sizes[j]
+        mb_w[p][a] -= d
+        mb_w[q][b] += d
+        mb_s[p][a] -= shift
+        mb_s[q][b] += shift
+        rank_w[p] -= d
+        rank_w[q] += d
+
+
+def _rank_exchange(
+    ranks: Local,
+    mb_w: list[list[int]],
+    mb_s: list[list[int]],
+    p: int,
+    q: int,
+    gap: int,
+    sizes: Sequence[int],
+    weights: Sequence[int],
+    cap: int,
+    ceiling: int,
+) -> tuple[int, int, int, int | None, int] | None:
+    """The best move (a, i, b, None, d) or swap (a, i, b, j, d) of sample i in rank p's
+    micro-batch a with rank q's micro-batch b (and its sample j), per `even_ranks`."""
+    theirs = sorted(
+        ((weights[j], b, j) for b, mb in enumerate(ranks[q]) for j in mb),
+        key=lambda t: (t[0], t[2]),
+    )
+    their_w = [t[0] for t in theirs]
+    roomiest = min(range(len(ranks[q])), key=lambda b: (mb_s[q][b], mb_w[q][b]))
+    best = None
+    best_err = gap
+    for a, mb in enumerate(ranks[p]):
+        for i in mb:
+            x, s = weights[i], sizes[i]
+            err = abs(2 * x - gap)
+            if (
+                len(mb) > 1
+                and 0 < x < gap
+                and err < best_err
+                and mb_s[q][roomiest] + s <= cap
+                and mb_w[q][roomiest] + x <= ceiling
+            ):
+                best, best_err = (a, i, roomiest, None, x), err
+            at = int(np.searchsorted(their_w, x - gap / 2))
+            for t in range(max(0, at - 4), min(len(theirs), at + 4)):
+                y, b, j = theirs[t]
+                d = x - y
+                err = abs(2 * d - gap)
+                if not (0 < d < gap and err < best_err):
+                    continue
+                shift = s - sizes[j]
+                fits_q = mb_s[q][b] + shift <= cap or len(ranks[q][b]) == 1
+                fits_p = mb_s[p][a] - shift <= cap or len(mb) == 1
+                if fits_q and fits_p and mb_w[q][b] + d <= ceiling:
+                    best, best_err = (a, i, b, j, d), err
+    return best
+
+
+def _best(candidates: list[_Plan], st: _Step, tolerance: float) -> _Plan:
     """The candidate of least score, where micro-batch/rank imbalances within `tolerance` of
     the best count as equal, so that rank imbalance (a straggler) decides between them."""
-    scores = [_score(ranks, w) for ranks in candidates]
+    scores = [_plan_score(plan, st.weights) for plan in candidates]
     k = min(score[0] for score in scores)
     worst = min(score[1] for score in scores if score[0] == k) * (1 + tolerance)
     eligible = [i for i, score in enumerate(scores) if score[0] == k and score[1] <= worst]
     return candidates[min(eligible, key=lambda i: (scores[i][2], scores[i][1]))]
 
 
-def _score(ranks: RankMicrobatches, w: Weights) -> tuple[int, float, float]:
+def _plan_score(plan: _Plan, weights: np.ndarray) -> tuple[int, float, float]:
+    """`_score` of a plan, with numpy."""
+    mb_cost = plan.mb_weights(weights)
+    rank_cost = mb_cost.sum(1)
+    mb_imb = float(mb_cost.max()) * mb_cost.size / float(mb_cost.sum())
+    rank_imb = float(rank_cost.max()) * rank_cost.size / float(rank_cost.sum())
+    return plan.k, max(mb_imb, rank_imb), rank_imb
+
+
+def _score(ranks: Sequence[Sequence[Sequence[int]]], w: Sequence[int]) -> tuple[int, float, float]:
     """Fewer micro-batches per rank, then the worse of micro-batch and rank imbalance, then
     the rank imbalance (a straggler costs every rank); imbalance in the balanced cost."""
     mb_cost = [sum(w[i] for i in mb) for rank in ranks for mb in rank]
