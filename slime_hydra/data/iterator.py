@@ -18,6 +18,24 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 
 
+def padding(pad_multiple: int | None, tp_size: int, cp_size: int) -> int:
+    """The packed-length multiple `iterator.pad_multiple` asks for (None: tp × 128), checked:
+    positive, and even under context parallelism (the padding splits into 2×cp chunks)."""
+    multiple = tp_size * 128 if pad_multiple is None else pad_multiple
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise SlimeHydraError(
+            f"iterator.pad_multiple={multiple!r} must be a positive number of tokens "
+            "(or null for tp × 128)."
+        )
+    if cp_size > 1 and multiple % 2:
+        raise SlimeHydraError(
+            f"iterator.pad_multiple={multiple} must be even with parallel.cp={cp_size}, so the "
+            "padding splits into 2×cp chunks like every sequence: set "
+            f"iterator.pad_multiple={2 * multiple}."
+        )
+    return multiple
+
+
 class MicrobatchIterator(Iterable[PackedMicrobatch]):
     """A rank's micro-batches of one step in schedule order, each packed once for this CP rank.
 
@@ -44,20 +62,11 @@ class MicrobatchIterator(Iterable[PackedMicrobatch]):
                 "MicrobatchIterator: the RolloutBatch has no token data; training needs a source "
                 "that provides tokens (data=synthetic_grpo or data=slime_dump), not lengths only."
             )
-        self.pad_multiple = tp_size * 128 if pad_multiple is None else pad_multiple
-        if self.pad_multiple < 1:
-            raise SlimeHydraError(
-                f"MicrobatchIterator: pad_multiple={self.pad_multiple} must be a positive integer."
-            )
         if not 0 <= cp_rank < cp_size:
             raise SlimeHydraError(
                 f"MicrobatchIterator: cp_rank={cp_rank} is outside [0, cp_size={cp_size})."
             )
-        if cp_size > 1 and self.pad_multiple % 2:
-            raise SlimeHydraError(
-                f"MicrobatchIterator: pad_multiple={self.pad_multiple} must be even with "
-                f"cp_size={cp_size}, so the padding splits into 2×cp chunks like every sequence."
-            )
+        self.pad_multiple = padding(pad_multiple, tp_size, cp_size)
         where = f"step {step}, DP rank {dp_rank}"
         n = len(batch)
         self._microbatches: list[np.ndarray] = []

@@ -13,9 +13,11 @@ from typing import ClassVar
 
 from omegaconf import OmegaConf
 
+from slime_hydra.data.iterator import padding
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import check_model_source, model_dims
 from slime_hydra.train.checks import (
     check_cpu_layout,
     check_gpu_count,
@@ -63,6 +65,9 @@ class CpuTrainer:
     skip_nonfinite: bool = False
     """A step whose loss or gradient norm is not finite stops the run (the last checkpoint is
     kept); true: a step the optimizer skipped is skipped and counted in train/skipped_steps."""
+    export_hf: bool = False
+    """Write the trained model as a Hugging Face checkpoint, <run dir>/hf/, at every checkpoint
+    and at the end (config.json, safetensors, and model.path's tokenizer files)."""
 
     backend: ClassVar[str] = "gloo"
     device: ClassVar[str] = "cpu"
@@ -92,8 +97,10 @@ class CpuTrainer:
             max_restarts=(self.max_restarts, 0, None),
             nproc_per_node=(self.nproc_per_node, 1, None),
         )
+        dims = check_model_source(job.cfg, self.export_hf)
         self.check_layout(job)
-        check_model_split(job.layout, job.cfg.model.num_layers)
+        check_model_split(job.layout, dims.num_layers)
+        padding(OmegaConf.select(job.cfg, "iterator.pad_multiple"), job.layout.tp, job.layout.cp)
         env = torchrun_env()
         if env is None:
             nodes, procs = node_count(), self.num_procs(job)
@@ -103,7 +110,7 @@ class CpuTrainer:
             check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
         check_trainable(job.schedule, job.strategy)
         check_steps(self.num_steps(job), self.save_interval, self.max_steps, self.fail_at_step)
-        model = OmegaConf.to_container(job.cfg.model, resolve=True)
+        model = dataclasses.asdict(dims)
         procs = env.local_world_size if env is not None else self.num_procs(job)
         check_rollout_fits(job.rollout, model, procs)
         if self.resume or (env is not None and env.restart_count > 0):
@@ -134,7 +141,7 @@ class CpuTrainer:
         job = dataclasses.replace(
             job,
             cfg=OmegaConf.create(OmegaConf.to_container(job.cfg, resolve=True)),
-            rollout=with_tokens(job.rollout, job.cfg.model.vocab_size, job.cfg.seed),
+            rollout=with_tokens(job.rollout, model_dims(job.cfg).vocab_size, job.cfg.seed),
         )
         if torchrun_env() is not None:
             from slime_hydra.train.worker import train

@@ -171,3 +171,11 @@ def test_lengths_only_rollout_gets_copy_task_tokens_and_keeps_its_steps():
     assert filled.tokens is not None and filled.step_ids is rollout.step_ids
     np.testing.assert_array_equal(filled.tokens.total_lengths, lengths)
     assert with_tokens(filled, vocab_size=32, seed=1) is filled
+
+
+def test_an_odd_pad_multiple_under_context_parallelism_is_refused_before_launch(job_of):
+    trainer, job = job_of(
+        "iterator.pad_multiple=3", "parallel.cp=2", "parallel.dp=1", "trainer.nproc_per_node=2"
+    )
+    with pytest.raises(SlimeHydraError, match=r"pad_multiple=3 .* parallel\.cp=2.*=6"):
+        trainer.check(job)
