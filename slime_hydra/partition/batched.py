@@ -18,6 +18,8 @@ every group packed into the same number of parts K, with numpy across the groups
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 LPT_ROUNDS = 256  # rounds dealt lightest-first at the end; earlier ones in snake order
@@ -106,28 +108,30 @@ def pack_groups(
     cap: int,
     best_fit: bool,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Part (0..k-1) of every entry of `idx` (as from `split_even`; -1 entries are ignored) and
-    whether each group met the cap. LPT puts each item into its group's lightest part by
-    `weights`; best-fit decreasing (`best_fit`) into the fullest part that still has room for
-    its size under `cap`. `sizes` and `weights` are per item index."""
+    """Part (0..k-1) of every entry of `idx` (as from `split_even`; -1 entries are ignored),
+    and each group's size left under `cap` per part (groups × k; negative where over it).
+
+    LPT puts each item into its group's lightest part by `weights`, whatever the cap.
+    Best-fit decreasing (`best_fit`) puts it into the fullest part that still has room for its
+    size; an item that fits no part of its group gets part -1 (the caller may place it in
+    another group's room). `sizes` and `weights` are per item index."""
     rounds, groups = idx.shape
     valid = idx >= 0
     safe = np.where(valid, idx, 0)
     s = np.where(valid, sizes[safe], 0)
     rows = np.arange(groups)
     part = np.empty((rounds, groups), dtype=np.int64)
-    ok = np.ones(groups, dtype=bool)
     if best_fit:
         room = np.full((groups, k), cap, dtype=np.int64)
         none = cap + 1
         for r in range(rounds):
             sr = s[r]
             b = np.where(room >= sr[:, None], room, none).argmin(1)
-            part[r] = b
             got = room[rows, b]
-            ok &= got >= sr
-            room[rows, b] = got - sr
-        return part, ok
+            fits = got >= sr
+            room[rows, b] = np.where(fits, got - sr, got)
+            part[r] = np.where(fits, b, -1)
+        return part, room
     w = np.where(valid, weights[safe], 0)
     load = np.zeros((groups, k), dtype=w.dtype)
     used = np.zeros((groups, k), dtype=np.int64)
@@ -140,5 +144,52 @@ def pack_groups(
         part[r] = b
         load[rows, b] += w[r]
         used[rows, b] += s[r]
-    ok &= (used <= cap).all(1)
-    return part, ok
+    return part, cap - used
+
+
+def place_spilled(
+    idx: np.ndarray, part: np.ndarray, room: np.ndarray, sizes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Best-fit the items left with part -1 (heaviest first) into the fullest part of any
+    group with room (`room`, groups × k, updated); None if one fits nowhere. An item placed in
+    another group moves to that group's column, in rows added at the bottom: returns the item
+    and part matrices, widened so."""
+    idx, part = idx.copy(), part.copy()
+    spilled = np.argwhere((part < 0) & (idx >= 0))
+    if spilled.size == 0:
+        return idx, part
+    groups, k = room.shape
+    flat_room = room.ravel()
+    # Keys room × slots + slot, sorted: bisect finds the fullest part with room for an item.
+    slots = groups * k
+    keys = sorted((flat_room * slots + np.arange(slots)).tolist())
+    items = sorted(
+        ((int(sizes[idx[r, g]]), int(r), int(g)) for r, g in spilled.tolist()), reverse=True
+    )
+    extra: list[tuple[int, int, int]] = []  # (item, group, part) moved to another column
+    for size, r, g in items:
+        at = bisect.bisect_left(keys, size * slots)
+        if at == len(keys):
+            return None
+        key = keys.pop(at)
+        slot = key % slots
+        bisect.insort(keys, key - size * slots)
+        flat_room[slot] -= size
+        to_group, to_part = divmod(slot, k)
+        if to_group == g:
+            part[r, g] = to_part
+        else:
+            extra.append((int(idx[r, g]), to_group, to_part))
+            idx[r, g] = -1
+    if not extra:
+        return idx, part
+    # Extra rows at the bottom hold the moved items in their new columns.
+    rows = max(sum(1 for _, grp, _ in extra if grp == g2) for g2 in {e[1] for e in extra})
+    more_idx = np.full((rows, groups), -1, dtype=idx.dtype)
+    more_part = np.zeros((rows, groups), dtype=part.dtype)
+    fill = dict.fromkeys({e[1] for e in extra}, 0)
+    for item, grp, prt in extra:
+        more_idx[fill[grp], grp] = item
+        more_part[fill[grp], grp] = prt
+        fill[grp] += 1
+    return np.vstack((idx, more_idx)), np.vstack((part, more_part))

@@ -63,13 +63,13 @@ def best_fit(weights: Sequence[int], cap: int, k: int, order: Iterable[int]) -> 
     decreasing, which packs as tightly as first-fit decreasing in O(log k) per item.
     """
     parts: Parts = [[] for _ in range(k)]
-    rooms = [(cap, b) for b in range(k)]  # sorted by room, then bin
+    keys = [cap * k + b for b in range(k)]  # room × k + bin: sorted by room, then bin
     for i in order:
         w = weights[i]
-        at = bisect.bisect_left(rooms, (w, -1))
-        if at == len(rooms):
+        at = bisect.bisect_left(keys, w * k)
+        if at == len(keys):
             return None
-        room, b = rooms.pop(at)
-        parts[b].append(i)
-        bisect.insort(rooms, (room - w, b))
+        key = keys.pop(at)
+        parts[key % k].append(i)
+        bisect.insort(keys, key - w * k)
     return parts

@@ -39,7 +39,12 @@ import numpy as np
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import CappedPartitioner, Partitioner, PartitionError, karmarkar_karp
 from slime_hydra.partition.base import align_up
-from slime_hydra.partition.batched import pack_groups, split_even, worth_batching
+from slime_hydra.partition.batched import (
+    pack_groups,
+    place_spilled,
+    split_even,
+    worth_batching,
+)
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.capped import refine
 from slime_hydra.schedule.layout import ParallelLayout
@@ -370,16 +375,24 @@ class DynamicBatching(BatchingStrategy):
             mean = -(-int(st.sizes.sum()) // (dp * k))
             tight = max(int(st.sizes.max()), mean) * (1 + self.tolerance) >= cap
             part = np.zeros_like(cols)
+            room = np.zeros((dp, k), dtype=np.int64)
             ok = np.zeros(dp, dtype=bool)
             for best_fit in (tight, not tight):
                 todo = np.flatnonzero(~ok)
                 if todo.size == 0:
                     break
-                got, fits = pack_groups(cols[:, todo], st.sizes, st.weights, k, cap, best_fit)
-                filled = _all_parts_filled(got, valid[:, todo], k)
-                done = fits & filled
+                got, left = pack_groups(cols[:, todo], st.sizes, st.weights, k, cap, best_fit)
+                done = _all_parts_filled(got, valid[:, todo] & (got >= 0), k)
+                if not best_fit:
+                    done &= (left >= 0).all(1)
                 part[:, todo[done]] = got[:, done]
+                room[todo[done]] = left[done]
                 ok[todo[done]] = True
+            placed = place_spilled(cols, np.where(ok[None, :], part, 0), room, st.sizes)
+            if placed is None:  # ranks that spilled go to the partitioner alone
+                ok &= ~((part < 0) & valid).any(0)
+                placed = cols, np.maximum(part, 0)
+            new_cols, new_part = placed
             alone: dict[int, list[list[int]]] = {}
             need = k
             for r in np.flatnonzero(~ok).tolist():
@@ -388,6 +401,7 @@ class DynamicBatching(BatchingStrategy):
                 alone[r] = parts
                 need = max(need, len(parts))
             if need == k:
+                cols, part = new_cols, new_part
                 break
             k = align_up(need, g)
         return self._assemble(cols, part, alone, st, k, floor)

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition.batched import descending, pack_groups, split_even
+from slime_hydra.partition.batched import descending, pack_groups, place_spilled, split_even
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -59,18 +59,30 @@ def test_split_even_evens_the_totals():
     st.integers(50, 2000),
     st.booleans(),
 )
-def test_pack_groups_reports_honestly_whether_each_group_fits(seed, groups, k, cap, best_fit):
+def test_pack_groups_reports_honestly_what_fits(seed, groups, k, cap, best_fit):
     rng = random.Random(seed)
     n = groups * rng.randint(1, 12)
     sizes = np.array([rng.randint(1, cap) for _ in range(n)], dtype=np.int64)
     cols = split_even(sizes, groups, 0.0)
-    part, ok = pack_groups(cols, sizes, sizes, k, cap, best_fit)
-    assert part.shape == cols.shape
+    part, room = pack_groups(cols, sizes, sizes, k, cap, best_fit)
+    assert part.shape == cols.shape and room.shape == (groups, k)
     for g in range(groups):
-        members = cols[:, g] >= 0
+        members = (cols[:, g] >= 0) & (part[:, g] >= 0)
+        if not best_fit:
+            assert members.sum() == (cols[:, g] >= 0).sum()  # LPT places every item
         loads = np.bincount(part[members, g], weights=sizes[cols[members, g]], minlength=k)
-        assert len(loads) == k
-        assert bool(ok[g]) == bool((loads <= cap).all())
+        assert (cap - loads == room[g]).all()
+        if best_fit:
+            assert (room[g] >= 0).all()
+    placed = place_spilled(cols, part, room.copy(), sizes)
+    if placed is not None:
+        new_cols, new_part = placed
+        assert sorted(new_cols[new_cols >= 0].tolist()) == list(range(n))
+        assert (new_part[new_cols >= 0] >= 0).all()
+        for g in range(groups):
+            members = new_cols[:, g] >= 0
+            loads = np.bincount(new_part[members, g], weights=sizes[new_cols[members, g]])
+            assert best_fit is False or (loads <= cap).all()
 
 
 @st.composite
