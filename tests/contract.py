@@ -14,6 +14,8 @@ BATCH_KEYS = (
     "batch/empty_microbatches",
     "batch/oversize_samples",
     "batch/plan_ms",
+    "batch/mb_tokens_lb",
+    "batch/dp_flops_imbalance",
 )
 TRAIN_KEYS = ("train/loss", "train/grad_norm", "train/lr", "perf/step_s", "perf/tokens_per_s")
 SIM_KEYS = ("sim/step_s", "sim/bubble_frac", "sim/peak_tokens")

@@ -121,12 +121,14 @@ def _count_panel(ax: Axes, run: RunDir) -> None:
 
 
 def _imbalance_panel(ax: Axes, run: RunDir) -> None:
-    """Token, DP-rank and FLOPs imbalance (max / mean) over the steps; 1.0 is perfect."""
+    """Token and FLOPs imbalance (max / mean) of micro-batches and DP ranks over the steps;
+    1.0 is perfect."""
     steps = [row["step"] for row in run.metrics]
     for key, label in (
         ("batch/token_imbalance", "micro-batch tokens"),
         ("batch/dp_token_imbalance", "DP rank tokens"),
-        ("batch/flops_imbalance", "DP rank FLOPs"),
+        ("batch/flops_imbalance", "micro-batch FLOPs"),
+        ("batch/dp_flops_imbalance", "DP rank FLOPs"),
     ):
         values = [row.get(key) for row in run.metrics]
         if all(v is not None for v in values):
