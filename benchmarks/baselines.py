@@ -76,7 +76,12 @@ def pack_first(
 
 
 def verl_rearrange(
-    lengths: Sequence[int], samples: Sequence[int], dp: int, max_token_len: int, group: int = 1
+    lengths: Sequence[int],
+    samples: Sequence[int],
+    dp: int,
+    max_token_len: int,
+    group: int = 1,
+    num_micro_batches: int | None = None,
 ) -> list[list[list[int]]]:
     """verl's rearrange_micro_batches (same_micro_num_in_dp), per its documented algorithm.
 
@@ -84,13 +89,14 @@ def verl_rearrange(
     asks for ceil(its tokens / max_token_len) micro-batches (at most its sample count); the
     count is all-reduced to the MAX and rounded up to the VPP group; each rank then splits its
     samples into that many parts by free-size Karmarkar-Karp. Parts are never checked against
-    max_token_len, so they can break it.
+    max_token_len, so they can break it. `num_micro_batches` forces the count (the same
+    algorithm at another method's K, for comparisons at equal K).
     """
     ids = list(samples)
     split = textbook_kk_equal([lengths[i] for i in ids], dp)
     ranks = [[ids[j] for j in part] for part in split]
     k = max(min(len(r), -(-sum(lengths[i] for i in r) // max_token_len)) for r in ranks)
-    k = -(-k // group) * group
+    k = -(-k // group) * group if num_micro_batches is None else num_micro_batches
     out = []
     for r in ranks:
         parts = textbook_kk([lengths[i] for i in r], k)
