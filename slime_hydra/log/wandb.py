@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +27,19 @@ log = logging.getLogger(__name__)
 TABLE_COLUMNS = ("step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap")
 
 
-def stored_run_id(run_dir: Path, new_id: Callable[[], str]) -> str:
-    """The wandb run id kept in the run dir, made (and kept) by the first sink that asks."""
+def stored_run_id(run_dir: Path) -> str | None:
+    """The wandb run id kept in the run dir by an earlier attempt of this run, if any."""
     path = Path(run_dir) / "wandb" / "run_id"
-    if path.is_file() and path.read_text().strip():
-        return path.read_text().strip()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    run_id = new_id()
+    text = path.read_text().strip() if path.is_file() else ""
+    return text or None
+
+
+def store_run_id(run_dir: Path, run_id: str) -> None:
+    """Keep the run id (in the wandb dir that wandb.init made) for later attempts."""
+    path = Path(run_dir) / "wandb" / "run_id"
     tmp = path.with_name(".run_id.tmp")
     tmp.write_text(f"{run_id}\n")
     os.replace(tmp, path)
-    return run_id
 
 
 class WandbSink:
@@ -61,7 +63,7 @@ class WandbSink:
             import wandb
 
             self._wandb = wandb
-            run_id = stored_run_id(run.run_dir, wandb.util.generate_id)
+            run_id = stored_run_id(run.run_dir) or uuid.uuid4().hex[:12]
             self._run = wandb.init(
                 id=run_id,
                 resume="allow",
@@ -77,6 +79,7 @@ class WandbSink:
                 reinit="finish_previous",
                 settings=wandb.Settings(init_timeout=init_timeout),
             )
+            store_run_id(run.run_dir, run_id)
             self._run.define_metric("step")
             self._run.define_metric("*", step_metric="step")
         except Exception as exc:

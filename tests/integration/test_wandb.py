@@ -137,3 +137,38 @@ def test_an_invalid_mode_warns_once_and_drops_wandb(tmp_path: Path, caplog) -> N
     warnings = [r for r in caplog.records if "wandb could not" in r.getMessage()]
     assert len(warnings) == 1
     assert not (tmp_path / "wandb").exists()
+
+
+def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    small = [
+        "data.num_prompts=8",
+        "data.n_samples_per_prompt=4",
+        "data.prompt_len_median=32",
+        "data.max_prompt_len=64",
+        "data.response_len_median=64",
+        "data.max_response_len=192",
+        "batching.global_batch_size=8",
+    ]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    out = subprocess.run(
+        [
+            *(sys.executable, "-W", "ignore", "-m", "slime_hydra", f"hydra.run.dir={run_dir}"),
+            *small,
+            *("logger=wandb", "trainer.max_restarts=1", "trainer.save_interval=2"),
+            "trainer.fail_at_step=3",
+        ],
+        cwd=Path(__file__).resolve().parents[2],
+        env={**base, "WANDB_DIR": str(tmp_path / "wandb_home"), "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    runs = [read_run(path) for path in wandb_files(run_dir)]
+    assert len(runs) == 2  # one offline dir per attempt (`wandb sync --append` joins them)
+    # A killed attempt's file may end before its run record; every id read is the stored one.
+    ids = {r.run_id for r in runs} - {""}
+    assert ids == {(run_dir / "wandb/run_id").read_text().strip()}
+    logged = {row["step"] for r in runs for row in step_rows(r)}
+    assert logged == {r["step"] for r in metrics_rows(run_dir)} == {0, 1, 2, 3}
