@@ -105,7 +105,7 @@ def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) 
     rank decides alike): a finite step counts; a step the optimizer skipped (it left the weights
     as they were) is skipped and counted when trainer.skip_nonfinite=true; anything else stops
     the run before it saves, so the last checkpoint is the last good one."""
-    skipped = bool(getattr(result, "skipped", False))
+    skipped = result.skipped
     values = (result.loss, result.grad_norm)
     finite = all(v is not None and math.isfinite(v) for v in values)
     if finite and not skipped:

@@ -204,8 +204,8 @@ def job_in(run_dir: Path) -> SimpleNamespace:
     return SimpleNamespace(run=SimpleNamespace(run_dir=run_dir))
 
 
-def result(loss: float, grad_norm: float, **extra: object) -> SimpleNamespace:
-    return SimpleNamespace(loss=loss, grad_norm=grad_norm, **extra)
+def result(loss: float, grad_norm: float, skipped: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(loss=loss, grad_norm=grad_norm, skipped=skipped)
 
 
 def test_a_finite_step_counts(tmp_path):
