@@ -20,6 +20,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
@@ -144,6 +145,7 @@ def register_configs() -> None:
     cs.store(group="data", name="base_jsonl", node=schema_of(JsonlTrace))
     cs.store(group="data", name="base_parquet", node=schema_of(ParquetTrace))
     cs.store(group="data", name="base_slime_dump", node=schema_of(SlimeDump))
+    cs.store(group="data", name="base_text", node=schema_of(TextRollouts))
     # Imported here: the trainers import this module (for open_sinks) in turn.
     from slime_hydra.train.plan import PlanTrainer
     from slime_hydra.train.trainer import CpuTrainer, GpuTrainer

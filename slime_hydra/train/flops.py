@@ -34,6 +34,12 @@ class ModelDims:
     rotary_base: float = 10000.0
     add_qkv_bias: bool = False
     untie_embeddings_and_output_weights: bool = True
+    path: str | None = None
+    """An HF checkpoint dir (model=hf): the dims come from its config.json (any given beside it
+    are ignored) and the trainers load its weights; null: seeded random weights."""
+    require_path: bool = False
+    """A trainer refuses to start without model.path (an experiment that post-trains real
+    weights); trainer=plan needs no weights."""
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_query_groups != 0:
@@ -64,7 +70,8 @@ class ModelDims:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> ModelDims:
-        """Build from a conf/model mapping (dict or DictConfig), naming any unknown key."""
+        """Build from a conf/model mapping (dict or DictConfig), naming any unknown key; with
+        `path`, from the HF checkpoint's config.json (slime_hydra/hf/checkpoint.py)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -72,6 +79,11 @@ class ModelDims:
                 f"model config {cfg.get('name', '?')!r} has unknown keys {unknown}; "
                 f"allowed keys: {sorted(known)}."
             )
+        if cfg.get("path"):
+            from slime_hydra.hf.checkpoint import HfCheckpoint
+
+            dims = HfCheckpoint.open(cfg["path"]).dims()
+            return cls(**dims, require_path=bool(cfg.get("require_path", False)))
         missing = sorted(f.name for f in fields(cls) if f.name not in cfg and f.default is MISSING)
         if missing:
             raise SlimeHydraError(

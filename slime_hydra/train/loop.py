@@ -17,6 +17,7 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.train import checkpoint
 from slime_hydra.train.engine import MegatronEngine, StepResult
+from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import TorchrunEnv
 
@@ -147,7 +148,8 @@ def save(
     digest: str,
     counters: dict[str, int] | None = None,
 ) -> None:
-    """Every rank saves its state; once all have, rank 0 marks the checkpoint as the latest."""
+    """Every rank saves its state; once all have, rank 0 marks the checkpoint as the latest;
+    with trainer.export_hf, all ranks then write <run dir>/hf/ together."""
     run_dir = job.run.run_dir
     checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, counters)
     dist.barrier()
@@ -158,3 +160,9 @@ def save(
             steps_done - 1,
             checkpoint.checkpoint_root(run_dir),
         )
+    if job.cfg.trainer.get("export_hf"):
+        from slime_hydra.hf.bridge import export_hf
+
+        export_hf(engine.chunks, ModelDims.from_mapping(job.cfg.model), run_dir / "hf")
+        if env.rank == 0:
+            log.info("Exported the model after step %d to %s", steps_done - 1, run_dir / "hf")

@@ -6,8 +6,10 @@ Weights depend on the seed only, not on the tp/pp/vpp split or the device (`init
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
@@ -176,6 +178,19 @@ def init_weights(chunks: list[GPTModel], dims: ModelDims, seed: int, std: float 
                 param.copy_(shard)
 
 
+@contextlib.contextmanager
+def tensors_stay_on_cpu() -> Iterator[None]:
+    """While a GPTModel is built on CPU: with tied embeddings and pp>1, megatron-core 0.16.1's
+    `setup_embeddings_and_output_layer` moves the shared weight to CUDA (`weight.data.cuda()`)
+    before all-reducing it between the first and last stage; here it stays on the CPU."""
+    cuda = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = cuda
+
+
 def build_gpt_model(
     dims: ModelDims,
     device: Device = "cpu",
@@ -188,20 +203,26 @@ def build_gpt_model(
     config = transformer_config(
         dims, device, params_dtype, sequence_parallel, microbatch_group_size_per_vp_stage
     )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(dims, device),
-        vocab_size=padded_vocab_size(
-            dims.vocab_size, parallel_state.get_tensor_model_parallel_world_size()
-        ),
-        max_sequence_length=dims.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-        post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-        share_embeddings_and_output_weights=not dims.untie_embeddings_and_output_weights,
-        position_embedding_type=dims.position_embedding_type,
-        rotary_base=int(dims.rotary_base),
-        vp_stage=vp_stage,
-    )
+    placement = tensors_stay_on_cpu() if device == "cpu" else contextlib.nullcontext()
+    with placement:
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(dims, device),
+            vocab_size=padded_vocab_size(
+                dims.vocab_size, parallel_state.get_tensor_model_parallel_world_size()
+            ),
+            max_sequence_length=dims.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(
+                ignore_virtual=False, vp_stage=vp_stage
+            ),
+            post_process=parallel_state.is_pipeline_last_stage(
+                ignore_virtual=False, vp_stage=vp_stage
+            ),
+            share_embeddings_and_output_weights=not dims.untie_embeddings_and_output_weights,
+            position_embedding_type=dims.position_embedding_type,
+            rotary_base=int(dims.rotary_base),
+            vp_stage=vp_stage,
+        )
     if device == "cpu":
         model.rotary_pos_emb = CpuRotaryEmbedding(
             kv_channels=dims.head_dim,

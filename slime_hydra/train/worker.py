@@ -51,12 +51,13 @@ def check_same_run_dir(job: Job) -> None:
 
 
 def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
-    """The one engine on this trainer's device and dtype; on CPU, megatron's CUDA placements
-    are mapped to the CPU first (train/cpu_shim.py)."""
+    """The one engine on this trainer's device and dtype, with model.path's weights where given;
+    on CPU, megatron's CUDA placements are mapped to the CPU first (train/cpu_shim.py)."""
     if trainer.device == "cpu":
         cpu_shim.apply()
-    return MegatronEngine(
-        ModelDims.from_mapping(job.cfg.model),
+    dims = ModelDims.from_mapping(job.cfg.model)
+    engine = MegatronEngine(
+        dims,
         job.layout,
         OptimizerSettings(trainer.lr, trainer.weight_decay, trainer.clip_grad),
         PolicyLoss(trainer.eps_clip, trainer.eps_clip_high),
@@ -65,6 +66,11 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
         params_dtype=getattr(torch, trainer.params_dtype),
         use_distributed_optimizer=trainer.use_distributed_optimizer,
     )
+    if dims.path is not None:  # model=hf: its weights replace the seeded ones
+        from slime_hydra.hf.bridge import load_into_engine
+
+        load_into_engine(engine, dims)
+    return engine
 
 
 def start_step(

@@ -1,0 +1,45 @@
+"""What a trainer checks about the model's source before any worker starts: the checkpoint
+(config.json, every weight's shape), the tokenizer against it, and whether an export can be
+written. Torch-free; the tokenizer check imports transformers only when data has a tokenizer."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checkpoint import HfCheckpoint
+from slime_hydra.train.flops import ModelDims
+
+
+def model_dims(cfg: DictConfig) -> ModelDims:
+    """The model's dims from the config's `model` group (config.json's with model.path)."""
+    return ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
+
+
+def check_model_source(cfg: DictConfig, export_hf: bool) -> ModelDims:
+    """The weights a trainer will load, the tokenizer the rollout came from, the export."""
+    dims = model_dims(cfg)
+    if dims.path is None:
+        if dims.require_path:
+            raise SlimeHydraError(
+                f"model {dims.name} is post-trained from real weights, and model.path is not "
+                "set: add model.path=/path/to/checkpoint (a Hugging Face dir with config.json, "
+                "*.safetensors and the tokenizer, e.g. Qwen2.5-7B-Instruct for +exp=grpo_7b). "
+                "trainer=plan simulates the run's schedule and needs no weights."
+            )
+        if export_hf and not (
+            dims.swiglu and dims.normalization == "RMSNorm" and dims.add_qkv_bias
+        ):
+            raise SlimeHydraError(
+                f"trainer.export_hf=true writes a Qwen2 checkpoint, but model {dims.name} is "
+                "not Qwen2-shaped (swiglu, RMSNorm, add_qkv_bias); drop trainer.export_hf."
+            )
+        return dims
+    ckpt = HfCheckpoint.open(dims.path)
+    ckpt.check_weights()
+    tokenizer = OmegaConf.select(cfg, "data.tokenizer")
+    if tokenizer:
+        from slime_hydra.hf.tokenizer import check_tokenizer_matches
+
+        check_tokenizer_matches(str(tokenizer), ckpt)
+    return dims
