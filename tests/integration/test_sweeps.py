@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.hardware import needs_fewer_cuda_than
 from tests.integration.cli import run_cli
 
 pytestmark = pytest.mark.integration
@@ -17,6 +18,7 @@ def rows(job_dir):
 
 def test_grpo_7b_stops_at_once_on_a_machine_without_its_gpus(tmp_path):
     # model.require_path=false: past the check that asks for the weights (model.path) first.
+    needs_fewer_cuda_than(8)
     out = run_cli(
         "+exp=grpo_7b", "model.require_path=false", "logger=jsonl", f"hydra.run.dir={tmp_path}"
     )

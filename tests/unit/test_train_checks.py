@@ -19,6 +19,7 @@ from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, 
 from slime_hydra.train.checks import check_trainable, check_vpp, check_world_size
 from slime_hydra.train.job import Job
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
+from tests.hardware import needs_fewer_cuda_than
 
 SMALL = ("data.num_prompts=4", "data.n_samples_per_prompt=4", "batching.global_batch_size=8")
 
@@ -87,6 +88,7 @@ def test_layers_that_do_not_split_into_pp_vpp_chunks_are_refused(job_of):
 
 
 def test_gpu_trainer_without_cuda_stops_at_once(job_of):
+    needs_fewer_cuda_than(2)
     trainer, job = job_of("trainer=gpu")
     with pytest.raises(SlimeHydraError, match=r"needs 2 CUDA GPUs.*trainer=plan"):
         trainer.check(job)
