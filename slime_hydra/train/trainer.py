@@ -155,8 +155,10 @@ class CpuTrainer:
 
 @dataclass
 class GpuTrainer(CpuTrainer):
-    """Train with megatron-core on NCCL GPUs: TP, PP, VPP, CP and DP, Transformer Engine layers."""
+    """Train with megatron-core on NCCL GPUs: the same engine, bf16, TE layers where installed."""
 
+    lr: float = 1e-6
+    """AdamW learning rate (constant); lower than the CPU trainer's, for real model sizes."""
     params_dtype: str = "bfloat16"
     """Model weights' dtype: bfloat16, float16 or float32."""
     use_distributed_optimizer: bool = False
@@ -181,6 +183,13 @@ class GpuTrainer(CpuTrainer):
         local = env.local_world_size if env is not None else self.num_procs(job)
         check_gpu_count(job.layout, local, torch.cuda.device_count())
         check_vpp(job.layout, job.schedule)
+        if self.use_distributed_optimizer and (self.resume or self.max_restarts):
+            raise SlimeHydraError(
+                "trainer.use_distributed_optimizer=true shards Adam's state over the DP ranks, "
+                "which this project's checkpoints do not save yet, so a resume or an elastic "
+                "restart would silently restart it: set trainer.use_distributed_optimizer=false, "
+                "or trainer.resume=false and trainer.max_restarts=0."
+            )
 
 
 def with_tokens(rollout: RolloutBatch, vocab_size: int, seed: int) -> RolloutBatch:
