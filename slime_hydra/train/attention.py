@@ -92,15 +92,22 @@ class PackedCausalAttention(MegatronModule):
             return self._forward_sbhd(query, key, value, dropout_p)
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dropout_p: float,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Causal SDPA on [b, heads, s, hn] tensors, with GQA key/value groups."""
+        """SDPA on [b, heads, s, hn] tensors with GQA key/value groups: causal, or under `mask`
+        (True where a query may attend) when queries and keys are not aligned."""
         return F.scaled_dot_product_attention(
             q,
             k,
             v,
+            attn_mask=mask,
             dropout_p=dropout_p,
-            is_causal=True,
+            is_causal=mask is None,
             scale=self.softmax_scale,
             enable_gqa=self.num_heads_per_partition != self.num_query_groups_per_partition,
         )
@@ -184,16 +191,7 @@ class PackedCausalAttention(MegatronModule):
             mask = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
             q = query[span].transpose(0, 1).unsqueeze(0)
             k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (keys, values))
-            attended = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=mask,
-                dropout_p=dropout_p,
-                scale=self.softmax_scale,
-                enable_gqa=self.num_heads_per_partition != self.num_query_groups_per_partition,
-            )
-            out[span] = attended.squeeze(0).transpose(0, 1)
+            out[span] = self._attend(q, k, v, dropout_p, mask).squeeze(0).transpose(0, 1)
         return out.reshape(local, -1)
 
 

@@ -4,16 +4,13 @@ layout, with micro-batch counts that change from step to step."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.integration.torchrun import REPO
+from tests.integration.torchrun import torchrun
 
 pytestmark = pytest.mark.integration
 
@@ -36,25 +33,7 @@ LAYOUTS = {
 def run_worker(out: Path, nproc: int, *args: str) -> list[dict[str, Any]]:
     """Run the worker on nproc gloo ranks; every rank's saved results, by rank."""
     out.mkdir(parents=True)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [
-        sys.executable,
-        "-W",
-        "ignore",
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        str(WORKER),
-        str(out),
-        *args,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-6000:]
+    torchrun(WORKER, nproc, str(out), *args, timeout=600)
     return [torch.load(out / f"rank_{r}.pt", weights_only=False) for r in range(nproc)]
 
 
