@@ -12,8 +12,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import build, factory, validate
+from slime_hydra.config import validate
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.instantiate import build, factory
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_run_files
 from slime_hydra.schedule import violations
@@ -84,8 +85,9 @@ def resuming(trainer: object) -> bool:
 def run(cfg: DictConfig) -> float | None:
     """Lock the run dir, plan, let the run dir and the trainer refuse what they cannot take,
     and only then write the run dir and train: a refused run leaves the dir as it was. The
-    trainer logs through `open_sinks` where its metrics are (this process for plan, rank 0's
-    worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: simulated s)."""
+    trainer logs through `log.sinks.open_sinks` where its metrics are (this process for plan,
+    rank 0's worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: simulated
+    s)."""
     info = run_info(cfg)
     # Under torchrun every rank plans; rank 0 alone owns (locks, checks, writes) the run dir.
     owner = is_rank_zero()

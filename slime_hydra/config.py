@@ -14,8 +14,7 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import InstantiationException
-from hydra.utils import get_object, instantiate
+from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slime_hydra.data.slime_dump import SlimeDump
@@ -23,23 +22,52 @@ from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.log.jsonl import JsonlSink
-from slime_hydra.log.sink import FanOut, RunInfo
+from slime_hydra.instantiate import build
+from slime_hydra.log.wandb import WandbSink
+from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.dynamic import Balance, DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
 from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.train.plan import PlanTrainer
+from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class PartitionerConfig:
-    _target_: str = "slime_hydra.partition.CappedPartitioner"
-    tolerance: float = 0.01
-    """Stop balancing once the heaviest micro-batch is within this fraction of the bound."""
-    refine_rounds: int | None = None
-    """Local-search rounds per packing; null means 4 × the part count."""
+def schema_of(cls: type, target: bool | str = True) -> type:
+    """A config dataclass with the fields (types, defaults) of dataclass `cls`, led by
+    `_target_` = `cls` (or the import path `target` names) when it is built by Hydra: one
+    source of truth for both."""
+    hints = get_type_hints(cls)
+    specs: list[Any] = []
+    if target:
+        path = target if isinstance(target, str) else f"{cls.__module__}.{cls.__qualname__}"
+        specs.append(("_target_", str, field(default=path)))
+    for f in fields(cls):
+        default = MISSING if f.default is dataclasses.MISSING else f.default
+        specs.append((f.name, hints[f.name], field(default=default)))
+    return make_dataclass(f"{cls.__name__}Config", specs)
+
+
+def schema_of_signature(cls: type, runtime: tuple[str, ...]) -> type:
+    """A config dataclass from the constructor of a (non-dataclass) class, led by `_target_`:
+    the constructor's defaults are the config's, so they are written once. `runtime` names the
+    arguments passed when the object is built, which are not config."""
+    hints = get_type_hints(cls.__init__)
+    specs: list[Any] = [("_target_", str, field(default=f"{cls.__module__}.{cls.__qualname__}"))]
+    for p in list(inspect.signature(cls).parameters.values()):
+        if p.name in runtime:
+            continue
+        default = MISSING if p.default is inspect.Parameter.empty else p.default
+        specs.append((p.name, hints[p.name], field(default=default)))
+    return make_dataclass(f"{cls.__name__}Config", specs)
+
+
+PartitionerConfig = schema_of(CappedPartitioner, "slime_hydra.partition.CappedPartitioner")
+
+DEFAULT_MAX_TOKENS_PER_GPU = 8192
+"""batching.max_tokens_per_gpu of the presets that need a cap (dynamic, legacy)."""
 
 
 @dataclass
@@ -60,7 +88,7 @@ class FixedBatchingConfig(BatchingConfig):
 @dataclass
 class DynamicBatchingConfig(BatchingConfig):
     _target_: str = "slime_hydra.schedule.DynamicBatching"
-    max_tokens_per_gpu: int | None = 8192
+    max_tokens_per_gpu: int | None = DEFAULT_MAX_TOKENS_PER_GPU
     oversize: Oversize = Oversize.error
     """A sample over the cap: `error` (default) or `isolate` (alone in its own micro-batch)."""
     dp_split: DpSplit = DpSplit.auto
@@ -73,24 +101,11 @@ class DynamicBatchingConfig(BatchingConfig):
 @dataclass
 class LegacyBatchingConfig(BatchingConfig):
     _target_: str = "slime_hydra.schedule.SlimeLegacyBatching"
-    max_tokens_per_gpu: int | None = 8192
+    max_tokens_per_gpu: int | None = DEFAULT_MAX_TOKENS_PER_GPU
     vpp_rounding: VppRounding = MISSING
     cap_fallback: bool = MISSING
     balance_data: bool = False
     preset: str = MISSING
-
-
-def schema_of(cls: type, target: bool = True) -> type:
-    """A config dataclass with the fields (types, defaults) of dataclass `cls`, led by
-    `_target_` = `cls` when it is built by Hydra: one source of truth for both."""
-    hints = get_type_hints(cls)
-    specs: list[Any] = []
-    if target:
-        specs.append(("_target_", str, field(default=f"{cls.__module__}.{cls.__qualname__}")))
-    for f in fields(cls):
-        default = MISSING if f.default is dataclasses.MISSING else f.default
-        specs.append((f.name, hints[f.name], field(default=default)))
-    return make_dataclass(f"{cls.__name__}Config", specs)
 
 
 @dataclass
@@ -108,17 +123,8 @@ class LoggerConfig:
     _target_: str = MISSING
 
 
-@dataclass
-class WandbLoggerConfig(LoggerConfig):
-    """The arguments of slime_hydra.log.wandb.WandbSink (besides the run)."""
-
-    project: str = MISSING
-    entity: str | None = MISSING
-    mode: str | None = MISSING
-    """online | offline | disabled; null means WANDB_MODE if set, else offline."""
-    tags: list[str] | None = MISSING
-    init_timeout: float = MISSING
-    """Seconds wandb.init may wait for the server before the run goes on without wandb."""
+WandbLoggerConfig = schema_of_signature(WandbSink, runtime=("run", "schedule"))
+"""The arguments of slime_hydra.log.wandb.WandbSink besides the run and its schedule."""
 
 
 @dataclass
@@ -146,33 +152,12 @@ def register_configs() -> None:
     cs.store(group="data", name="base_parquet", node=schema_of(ParquetTrace))
     cs.store(group="data", name="base_slime_dump", node=schema_of(SlimeDump))
     cs.store(group="data", name="base_text", node=schema_of(TextRollouts))
-    # Imported here: the trainers import this module (for open_sinks) in turn.
-    from slime_hydra.train.plan import PlanTrainer
-    from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
-
     cs.store(group="trainer", name="base_plan", node=schema_of(PlanTrainer))
     cs.store(group="trainer", name="base_cpu", node=schema_of(CpuTrainer))
     cs.store(group="trainer", name="base_gpu", node=schema_of(GpuTrainer))
     cs.store(group="iterator", name="base_iterator", node=IteratorConfig)
     cs.store(group="logger", name="base_logger", node=LoggerConfig)
     cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
-
-
-def factory(node: DictConfig) -> Any:
-    """Instantiate a `_target_` node partially: a callable that takes the runtime arguments
-    (kept as objects, not converted to config), surfacing our errors unwrapped."""
-    log.info("Instantiating <%s>", node._target_)
-    try:
-        return instantiate(node, _partial_=True)
-    except InstantiationException as exc:
-        if isinstance(exc.__cause__, SlimeHydraError):
-            raise exc.__cause__ from None
-        raise SlimeHydraError(str(exc)) from None
-
-
-def build(node: DictConfig, **runtime: Any) -> Any:
-    """Instantiate a `_target_` node and call it with the runtime arguments."""
-    return factory(node)(**runtime)
 
 
 def layout_of(cfg: DictConfig) -> ParallelLayout:
@@ -259,9 +244,3 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
         )
     return layout, strategy
 
-
-def open_sinks(cfg: DictConfig, run: RunInfo, start_step: int = 0) -> FanOut:
-    """metrics.jsonl in the run dir (always; kept up to `start_step`, the first step this run
-    logs), then the `logger` group's sink."""
-    jsonl = JsonlSink(run.run_dir / "metrics.jsonl", start_step)
-    return FanOut([jsonl, build(cfg.logger, run=run)])

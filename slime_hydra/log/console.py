@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from slime_hydra.log.sink import Metrics, RunInfo
+
+if TYPE_CHECKING:
+    from slime_hydra.schedule import Schedule
 
 COLUMNS = (
     ("step", "step", "{:>4}"),
@@ -26,8 +31,8 @@ COLUMNS = (
 class ConsoleSink:
     """Prints a header once, then one row per step, with the columns present in the metrics."""
 
-    def __init__(self, run: RunInfo) -> None:
-        del run
+    def __init__(self, run: RunInfo, schedule: Schedule | None = None) -> None:
+        del run, schedule
         self._columns: list[tuple[str, str, int]] = []
 
     def log(self, metrics: Metrics) -> None:

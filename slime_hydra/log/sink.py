@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from slime_hydra.schedule import Schedule
 
 Metrics = dict[str, Any]
 
@@ -26,7 +29,11 @@ class RunInfo:
 
 
 class Sink(Protocol):
-    """Receives one dict of metrics per training step (with a `step` key), then `close()`."""
+    """Receives one dict of metrics per training step (with a `step` key), then `close()`.
+
+    The `logger` group's `_target_` is built with `run=` (a RunInfo) and `schedule=` (the run's
+    Schedule, or None) besides its config keys (slime_hydra/log/sinks.py).
+    """
 
     def log(self, metrics: Metrics) -> None: ...
 
@@ -36,8 +43,8 @@ class Sink(Protocol):
 class NoSink:
     """The `logger=jsonl` choice: nothing beyond the always-on metrics.jsonl."""
 
-    def __init__(self, run: RunInfo) -> None:
-        del run
+    def __init__(self, run: RunInfo, schedule: Schedule | None = None) -> None:
+        del run, schedule
 
     def log(self, metrics: Metrics) -> None:
         """Drop the metrics."""

@@ -3,7 +3,7 @@
 Only the process that trains logs (rank 0 under torchrun), so everything comes from `RunInfo`:
 the resolved config is the run config, the sweep dir names the group, the job's overrides name
 the run and the trainer mode is the job type. Each step logs the metrics as given, plus a
-histogram of that step's micro-batch token counts, read from the run dir's schedule.json; close()
+histogram of that step's micro-batch token counts, from the Schedule the sink is handed; close()
 writes a summary and a table of every micro-batch. The run id lives in `<run dir>/wandb/run_id`:
 an elastic restart or `trainer.resume` logs to the same wandb run (offline, each attempt is an
 `offline-run-*` dir with that id: `wandb sync --append` them in order). Any wandb failure (no
@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from slime_hydra.log.sink import Metrics, RunInfo
-from slime_hydra.report.rundir import microbatch_tokens, read_schedule, run_summary
+from slime_hydra.log.summary import run_summary
+from slime_hydra.schedule import Schedule, breaks_cap
 
 log = logging.getLogger(__name__)
 
@@ -48,18 +49,22 @@ class WandbSink:
     def __init__(
         self,
         run: RunInfo,
+        schedule: Schedule | None = None,
         project: str = "slime_hydra",
         entity: str | None = None,
         mode: str | None = None,
         tags: list[str] | None = None,
         init_timeout: float = 60.0,
     ) -> None:
+        """`logger.*` settings (the config schema is derived from these arguments): `project`,
+        `entity` (null: your default), `mode` (online | offline | disabled; null: WANDB_MODE
+        if set, else offline), `tags`, and `init_timeout`, the seconds wandb.init may wait for
+        the server before the run goes on without wandb."""
         self._rows: list[Metrics] = []
-        self._schedule = None
+        self._schedule = schedule
         self._ok = True
         self._run: Any = None
         try:
-            self._schedule = read_schedule(run.run_dir)
             import wandb
 
             self._wandb = wandb
@@ -105,7 +110,7 @@ class WandbSink:
             row = dict(metrics)
             step = metrics["step"]
             if self._schedule is not None and step < len(self._schedule.steps):
-                tokens = [t for rank in microbatch_tokens(self._schedule, step) for t in rank]
+                tokens = [t for rank in self._schedule.microbatch_tokens(step) for t in rank]
                 row["batch/mb_tokens"] = self._wandb.Histogram(tokens)
             self._run.log(row)
         except Exception as exc:
@@ -134,7 +139,7 @@ class WandbSink:
             self._run = None
 
     def _microbatch_rows(self) -> list[list[Any]]:
-        """One row per logged micro-batch (`TABLE_COLUMNS`), from schedule.json."""
+        """One row per logged micro-batch (`TABLE_COLUMNS`), from the schedule."""
         if self._schedule is None:
             return []
         cap = self._schedule.cap
@@ -144,9 +149,10 @@ class WandbSink:
             if step >= len(self._schedule.steps):
                 continue
             ranks = self._schedule.steps[step].ranks
-            for r, rank_tokens in enumerate(microbatch_tokens(self._schedule, step)):
+            for r, rank_tokens in enumerate(self._schedule.microbatch_tokens(step)):
                 for m, tokens in enumerate(rank_tokens):
                     samples = len(ranks[r][m])
-                    over = cap is not None and samples > 1 and tokens > cap
-                    rows.append([step, r, m, samples, tokens, cap, over])
+                    rows.append(
+                        [step, r, m, samples, tokens, cap, breaks_cap(samples, tokens, cap)]
+                    )
         return rows

@@ -236,10 +236,13 @@ def _first_fit_in_order(
 
 @dataclass(frozen=True)
 class CappedPartitioner:
-    """The default Partitioner: `capped_partition` with its balance tolerance and round bound."""
+    """The default Partitioner: `capped_partition` with its balance tolerance and round bound
+    (config: batching.partitioner, whose schema is derived from these fields)."""
 
     tolerance: float = 0.01
+    """Stop balancing once the heaviest micro-batch is within this fraction of the bound."""
     refine_rounds: int | None = None
+    """Local-search rounds per packing; null means 4 × the part count."""
 
     def __call__(
         self,

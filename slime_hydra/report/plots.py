@@ -14,7 +14,8 @@ from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from slime_hydra.report.rundir import RunDir, microbatch_tokens, run_summary
+from slime_hydra.report.rundir import RunDir, run_summary
+from slime_hydra.schedule import breaks_cap
 
 CAP_COLOR = "#d62728"
 OVER_COLOR = "#d62728"
@@ -53,14 +54,14 @@ def _tokens_panel(ax: Axes, run: RunDir) -> None:
     over_y: list[int] = []
     for step in steps:
         ranks = schedule.steps[step].ranks
-        for r, tokens in enumerate(microbatch_tokens(schedule, step)):
+        for r, tokens in enumerate(schedule.microbatch_tokens(step)):
             k = max(len(tokens), 1)
             left = step - 0.4 + r * slot
             xs = [left + slot * (m + 0.5) / k for m in range(len(tokens))]
             color = RANK_COLORS[r % len(RANK_COLORS)]
             ax.plot(xs, tokens, "-o", color=color, ms=3.5, lw=0.8, alpha=0.85)
             for x, t, mb in zip(xs, tokens, ranks[r], strict=True):
-                if schedule.cap is not None and len(mb) > 1 and t > schedule.cap:
+                if breaks_cap(len(mb), t, schedule.cap):
                     over_x.append(x)
                     over_y.append(t)
     handles = [

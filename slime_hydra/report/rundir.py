@@ -1,53 +1,17 @@
-"""Reading a run dir back (metrics.jsonl, schedule.json) and the numbers that summarise a run.
-
-No plotting here, so the wandb sink can use the same summary without importing matplotlib.
-"""
+"""Reading a run dir back (metrics.jsonl, schedule.json); the numbers that summarise a run are
+slime_hydra/log/summary.py's, shared with the wandb sink."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from slime_hydra.log.sink import Metrics
+from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule
 
-Metrics = dict[str, Any]
-
-
-def _mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values)
-
-
-SUMMARY: tuple[tuple[str, str, Callable[[Sequence[float]], float]], ...] = (
-    ("batch/cap_violations", "cap_violations_max", max),
-    ("batch/cap_violations", "cap_violations_total", sum),
-    ("batch/empty_microbatches", "empty_microbatches_total", sum),
-    ("batch/oversize_samples", "oversize_samples_total", sum),
-    ("batch/mb_tokens_max", "mb_tokens_max", max),
-    ("batch/token_imbalance", "token_imbalance_mean", _mean),
-    ("batch/dp_token_imbalance", "dp_token_imbalance_mean", _mean),
-    ("batch/num_microbatches", "num_microbatches_mean", _mean),
-    ("batch/num_microbatches_lb", "num_microbatches_lb_mean", _mean),
-)
-"""(metric key, summary name, reduction over steps) of every summary number."""
-
-
-def run_summary(rows: Sequence[Metrics]) -> dict[str, float]:
-    """Whole-run numbers from per-step metrics: worst cap violation, mean imbalance, totals."""
-    summary: dict[str, float] = {"steps": len(rows)}
-    for key, name, reduce in SUMMARY:
-        values = [r[key] for r in rows if r.get(key) is not None]
-        if values:
-            summary[name] = reduce(values)
-    return summary
-
-
-def microbatch_tokens(schedule: Schedule, step: int) -> list[list[int]]:
-    """Tokens of each micro-batch of each DP rank at `step`: `tokens[rank][microbatch]`."""
-    lengths = schedule.lengths
-    return [[sum(lengths[i] for i in mb) for mb in rank] for rank in schedule.steps[step].ranks]
+__all__ = ["RunDir", "is_run_dir", "read_schedule", "run_summary", "sweep_jobs"]
 
 
 def read_schedule(run_dir: Path) -> Schedule | None:

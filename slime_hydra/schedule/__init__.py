@@ -6,7 +6,7 @@ from slime_hydra.schedule.invariants import violations
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.legacy import SlimeLegacyBatching
 from slime_hydra.schedule.metrics import microbatch_lower_bound, step_metrics
-from slime_hydra.schedule.schedule import Schedule, StepSchedule
+from slime_hydra.schedule.schedule import Schedule, StepSchedule, breaks_cap
 from slime_hydra.schedule.strategy import BatchingStrategy
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "Schedule",
     "SlimeLegacyBatching",
     "StepSchedule",
+    "breaks_cap",
     "microbatch_lower_bound",
     "step_metrics",
     "violations",

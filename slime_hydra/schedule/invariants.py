@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import Schedule
+from slime_hydra.schedule.schedule import Schedule, breaks_cap
 
 
 def violations(
@@ -37,17 +37,17 @@ def violations(
             found.append(
                 f"{where}: {k} micro-batches, not a multiple of {layout.microbatch_alignment}"
             )
+        tokens_of = st.microbatch_tokens(lengths)
         for r, rank in enumerate(st.ranks):
             for m, mb in enumerate(rank):
                 at = f"{where} rank {r} micro-batch {m}"
                 if not mb:
                     found.append(f"{at}: empty")
-                tokens = sum(lengths[i] for i in mb)
-                if cap is not None and tokens > cap:
-                    if len(mb) > 1:
-                        found.append(f"{at}: {tokens} tokens over the cap {cap}")
-                    elif not allow_oversize:
-                        found.append(f"{at}: sample {mb[0]} ({tokens} tokens) over the cap {cap}")
+                tokens = tokens_of[r][m]
+                if breaks_cap(len(mb), tokens, cap):
+                    found.append(f"{at}: {tokens} tokens over the cap {cap}")
+                elif cap is not None and tokens > cap and not allow_oversize:
+                    found.append(f"{at}: sample {mb[0]} ({tokens} tokens) over the cap {cap}")
                 for i in mb:
                     if i in seen:
                         found.append(f"{at}: sample {i} also in step {seen[i]}")

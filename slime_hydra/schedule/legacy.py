@@ -39,9 +39,8 @@ class VppRounding(StrEnum):
 
 
 class SlimeLegacyBatching(BatchingStrategy):
-    """A legacy preset: reproduces slime's schedule exactly, so sweeps can measure it."""
-
-    legacy = True
+    """A legacy preset: reproduces slime's schedule exactly, faults included, so sweeps can
+    measure it (its schedules are measured, not trusted)."""
 
     def __init__(
         self,

@@ -9,7 +9,7 @@ from slime_hydra.partition import align_up
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import StepSchedule
+from slime_hydra.schedule.schedule import StepSchedule, breaks_cap
 
 
 def microbatch_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
@@ -45,8 +45,9 @@ def step_metrics(
     count could still gain.
     """
     mbs = [mb for rank in step.ranks for mb in rank]
-    mb_tokens = [sum(lengths[i] for i in mb) for mb in mbs]
-    rank_tokens = [sum(lengths[i] for mb in rank for i in mb) for rank in step.ranks]
+    per_rank = step.microbatch_tokens(lengths)
+    mb_tokens = [t for rank in per_rank for t in rank]
+    rank_tokens = [sum(rank) for rank in per_rank]
     linear, quadratic = flops_coefficients
     mb_flops = [sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) for mb in mbs]
     ends = list(accumulate(len(rank) for rank in step.ranks))
@@ -63,7 +64,9 @@ def step_metrics(
             step_lengths, cap, layout.dp, layout.microbatch_alignment
         )
         utilization = sum(mb_tokens) / (len(mbs) * cap)
-        violations = sum(1 for mb, t in zip(mbs, mb_tokens, strict=True) if len(mb) > 1 and t > cap)
+        violations = sum(
+            1 for mb, t in zip(mbs, mb_tokens, strict=True) if breaks_cap(len(mb), t, cap)
+        )
         oversize = sum(1 for n in step_lengths if n > cap)
     return {
         "batch/num_microbatches": k,

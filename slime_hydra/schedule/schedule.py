@@ -9,6 +9,13 @@ from typing import Any
 Microbatch = tuple[int, ...]
 
 
+def breaks_cap(num_samples: int, tokens: int, cap: int | None) -> bool:
+    """The cap rule of DESIGN.md, written once: a micro-batch of two or more samples over the
+    cap breaks it (a cap violation). A single sample over the cap is not a violation but an
+    oversize sample: an error by default, or alone in its micro-batch under oversize=isolate."""
+    return cap is not None and num_samples > 1 and tokens > cap
+
+
 @dataclass(frozen=True)
 class StepSchedule:
     """One optimizer step: `ranks[r][m]` is micro-batch m of DP rank r."""
@@ -27,6 +34,10 @@ class StepSchedule:
         """Every sample index of the step, in schedule order."""
         return [i for rank in self.ranks for mb in rank for i in mb]
 
+    def microbatch_tokens(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Tokens of each micro-batch of each DP rank: `tokens[rank][microbatch]`."""
+        return [[sum(lengths[i] for i in mb) for mb in rank] for rank in self.ranks]
+
     @classmethod
     def build(
         cls, step: int, ranks: Sequence[Sequence[Sequence[int]]], plan_ms: float = 0.0
@@ -43,6 +54,10 @@ class Schedule:
     lengths: tuple[int, ...]
     cap: int | None
     steps: tuple[StepSchedule, ...]
+
+    def microbatch_tokens(self, step: int) -> list[list[int]]:
+        """Tokens of each micro-batch of each DP rank at `step`: `tokens[rank][microbatch]`."""
+        return self.steps[step].microbatch_tokens(self.lengths)
 
     def to_json(self) -> dict[str, Any]:
         """The schedule.json document of DESIGN.md."""

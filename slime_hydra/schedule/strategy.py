@@ -15,13 +15,7 @@ RankMicrobatches = list[list[list[int]]]
 
 
 class BatchingStrategy(ABC):
-    """Plans every step of a rollout for all DP ranks at once (a pure function of its inputs).
-
-    `legacy` strategies reproduce another framework's behaviour, faults included; their
-    schedules are measured, not trusted.
-    """
-
-    legacy: bool = False
+    """Plans every step of a rollout for all DP ranks at once (a pure function of its inputs)."""
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from slime_hydra.config import open_sinks
+from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.pipeline import simulate_pipeline
@@ -34,7 +34,7 @@ class PlanTrainer:
     def run(self, job: Job) -> float:
         """Emit one metrics row per planned step to metrics.jsonl and the logger; return the
         simulated seconds of all steps, +inf if a micro-batch breaks the cap or is empty."""
-        sink = open_sinks(job.cfg, job.run)
+        sink = open_sinks(job.cfg.logger, job.run, job.schedule)
         total = 0.0
         try:
             for step in job.schedule.steps:
@@ -73,7 +73,7 @@ class PlanTrainer:
         ]
         step_s = max(t.step_s for t in timings)
         busy = sum(sum(t.busy_s) for t in timings)
-        peak = max(sum(lengths[i] for i in mb) for rank in step.ranks for mb in rank)
+        peak = max(t for rank in step.microbatch_tokens(lengths) for t in rank)
         return {
             "sim/step_s": step_s,
             "sim/bubble_frac": 1 - busy / (len(timings) * layout.pp * step_s) if step_s else 0.0,

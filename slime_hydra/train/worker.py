@@ -10,8 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
-from slime_hydra.config import open_sinks
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train import checkpoint, cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
@@ -107,7 +107,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         start, counters = start_step(trainer, job, env, engine)
         sink = None
         if env.rank == 0:  # metrics.jsonl keeps the rows before `start`: each step once
-            sink = open_sinks(job.cfg, job.run, start)
+            sink = open_sinks(job.cfg.logger, job.run, job.schedule, start)
         # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()

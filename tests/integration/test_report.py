@@ -20,7 +20,7 @@ def python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_report_of_a_small_sweep_writes_non_empty_pngs(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    overrides = ["trainer=plan", "logger=none", "batching=dynamic,slime_1848", "parallel.dp=4"]
+    overrides = ["trainer=plan", "logger=jsonl", "batching=dynamic,slime_1848", "parallel.dp=4"]
     out = python("-m", "slime_hydra", "-m", *overrides, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     out = python(

@@ -105,7 +105,7 @@ def test_every_data_choice_composes(compose_cfg, choice, source, tmp_path):
     assert isinstance(loaded.load(), RolloutBatch)
 
 
-@pytest.mark.parametrize("choice", ["console", "jsonl", "none", "wandb"])
+@pytest.mark.parametrize("choice", ["console", "jsonl", "wandb"])
 def test_every_logger_choice_builds(compose_cfg, choice, tmp_path):
     run = RunInfo(run_dir=tmp_path, config={}, name="run", group=None, job_type="plan")
     sink = build(
@@ -116,6 +116,13 @@ def test_every_logger_choice_builds(compose_cfg, choice, tmp_path):
     )
     sink.log({"step": 0, "batch/num_microbatches": 3})
     sink.close()
+
+
+def test_one_name_per_logger_choice(compose_cfg):
+    # logger=jsonl is "metrics.jsonl only" (written by every run); a second name for it is gone,
+    # and Hydra's own error lists the choices there are.
+    with pytest.raises(ConfigCompositionException, match=r"(?s)logger/none.*console.*jsonl"):
+        compose_cfg("logger=none")
 
 
 @pytest.mark.parametrize("choice", ["tiny", "qwen2_5_1_5b", "qwen2_5_7b"])

@@ -9,7 +9,7 @@ import pytest
 
 from slime_hydra.report.__main__ import report
 from slime_hydra.report.plots import job_labels, shared_overrides
-from slime_hydra.report.rundir import RunDir, microbatch_tokens, run_summary, sweep_jobs
+from slime_hydra.report.rundir import RunDir, run_summary, sweep_jobs
 from slime_hydra.schedule import Schedule
 
 LENGTHS = [5, 3, 4, 6, 2, 8]
@@ -47,8 +47,8 @@ def make_run(path: Path, violations: tuple[int, int] = (0, 1)) -> Path:
 
 def test_microbatch_tokens_per_rank() -> None:
     schedule = Schedule.from_json(SCHEDULE)
-    assert microbatch_tokens(schedule, 0) == [[8, 4], [6, 2]]
-    assert microbatch_tokens(schedule, 1) == [[13], []]
+    assert schedule.microbatch_tokens(0) == [[8, 4], [6, 2]]
+    assert schedule.microbatch_tokens(1) == [[13], []]
 
 
 def test_run_summary_takes_worst_totals_and_means() -> None:

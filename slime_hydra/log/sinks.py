@@ -1,0 +1,26 @@
+"""Opening a run's sinks: metrics.jsonl (always) and the `logger` group's choice, built here in
+log/ so that the trainers that log (plan mode in the app's process, rank 0's worker) need
+nothing from the config module."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from omegaconf import DictConfig
+
+from slime_hydra.instantiate import build
+from slime_hydra.log.jsonl import JsonlSink
+from slime_hydra.log.sink import FanOut, RunInfo
+
+if TYPE_CHECKING:
+    from slime_hydra.schedule import Schedule
+
+
+def open_sinks(
+    logger: DictConfig, run: RunInfo, schedule: Schedule | None = None, start_step: int = 0
+) -> FanOut:
+    """metrics.jsonl in the run dir (kept up to `start_step`, the first step this run logs),
+    then the `logger` node's sink, built with the run and the schedule it logs (a sink such as
+    wandb's draws each step's micro-batches from it)."""
+    jsonl = JsonlSink(run.run_dir / "metrics.jsonl", start_step)
+    return FanOut([jsonl, build(logger, run=run, schedule=schedule)])
