@@ -4,9 +4,13 @@ machinery): `trainer.nproc_per_node` processes on each node of the job (train/no
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -24,6 +28,7 @@ log = logging.getLogger(__name__)
 def launch(trainer: CpuTrainer, job: Job) -> None:
     """Run `train(trainer, job)` in nproc_per_node workers; restart them up to max_restarts."""
     nodes = job_nodes()
+    logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
@@ -33,6 +38,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
         rdzv_endpoint=nodes.endpoint,
         max_restarts=trainer.max_restarts,
         monitor_interval=0.2,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
     )
     log.info(
         "Launching %d %s workers on node %d of %d (rendezvous %s, max_restarts=%d)",
@@ -51,12 +57,30 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     try:
         elastic_launch(config, train)(trainer, job)
     except ChildFailedError as exc:
-        rank = root_cause(exc.failures)
-        if not failure_text(exc.failures[rank]).startswith(SlimeHydraError.__name__ + ":"):
-            log.error("rank %d's traceback:\n%s", rank, traceback_of(exc.failures[rank]))
-        raise SlimeHydraError(failure_report(exc.failures)) from None
+        first = nodes.rank * trainer.num_procs(job)
+        failures = {**recorded_failures(Path(logs), first), **exc.failures}
+        rank = root_cause(failures)
+        if not failure_text(failures[rank]).startswith(SlimeHydraError.__name__ + ":"):
+            log.error("rank %d's traceback:\n%s", rank, traceback_of(failures[rank]))
+        raise SlimeHydraError(failure_report(failures)) from None
     finally:
         agent_log.setLevel(level)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:
+    """Every local worker's recorded error of the last attempt, by global rank. The launcher
+    reports only the workers it saw exit first; a rank still tearing down after its own error
+    (while its peers already failed on the lost connection) is stopped, not reported."""
+    attempts = sorted(logs.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not attempts:
+        return {}
+    return {
+        first_rank + int(path.parent.name): ProcessFailure(
+            local_rank=int(path.parent.name), pid=0, exitcode=1, error_file=str(path)
+        )
+        for path in attempts[-1].glob("*/error.json")
+    }
 
 
 def traceback_of(failure: ProcessFailure) -> str:
