@@ -1,4 +1,7 @@
-"""`python -m slime_hydra [overrides]`: compose the config with Hydra and run the job."""
+"""`slime-hydra [overrides]` or `python -m slime_hydra [overrides]`: compose the config with
+Hydra and run the job."""
+
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -8,8 +11,12 @@ from slime_hydra.config import register_configs
 
 register_configs()
 
+# An absolute path: the console script imports this module by name, where Hydra would read a
+# relative config_path as a Python package.
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """Hydra's entry point; the work is in slime_hydra.app. The return value is the objective
     a sweeper (e.g. optuna) minimises."""

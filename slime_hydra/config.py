@@ -243,4 +243,3 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
             "set batching.global_batch_size to a multiple of the group size."
         )
     return layout, strategy
-

@@ -55,11 +55,17 @@ class WandbSink:
         mode: str | None = None,
         tags: list[str] | None = None,
         init_timeout: float = 60.0,
+        name: str | None = None,
+        notes: str | None = None,
+        group: str | None = None,
     ) -> None:
         """`logger.*` settings (the config schema is derived from these arguments): `project`,
         `entity` (null: your default), `mode` (online | offline | disabled; null: WANDB_MODE
-        if set, else offline), `tags`, and `init_timeout`, the seconds wandb.init may wait for
-        the server before the run goes on without wandb."""
+        if set, else offline), `tags`, `init_timeout` (the seconds wandb.init may wait for
+        the server before the run goes on without wandb), `name` (null: the job's overrides, or
+        the trainer, and the run id's first 6 characters: unique, and kept on resume), `notes`,
+        and `group` (null: the sweep dir's name in a multirun). The run dir's config.yaml and
+        schedule.json are saved to the run."""
         self._rows: list[Metrics] = []
         self._schedule = schedule
         self._ok = True
@@ -69,6 +75,7 @@ class WandbSink:
 
             self._wandb = wandb
             run_id = stored_run_id(run.run_dir) or uuid.uuid4().hex[:12]
+            label = run.name if run.name != "run" else run.job_type
             self._run = wandb.init(
                 id=run_id,
                 resume="allow",
@@ -77,8 +84,9 @@ class WandbSink:
                 mode=mode or os.environ.get("WANDB_MODE") or "offline",
                 dir=run.run_dir,
                 config=run.config,
-                group=run.group,
-                name=run.name,
+                group=group or run.group,
+                name=name or f"{label}-{run_id[:6]}",
+                notes=notes,
                 job_type=run.job_type,
                 tags=tags,
                 reinit="finish_previous",
@@ -87,6 +95,11 @@ class WandbSink:
             store_run_id(run.run_dir, run_id)
             self._run.define_metric("step")
             self._run.define_metric("*", step_metric="step")
+            for file in ("config.yaml", "schedule.json"):
+                if (Path(run.run_dir) / file).is_file():
+                    self._run.save(
+                        str(Path(run.run_dir) / file), base_path=run.run_dir, policy="now"
+                    )
         except Exception as exc:
             self._fail("start", exc)
 

@@ -71,9 +71,12 @@ def test_offline_run_holds_config_history_and_summary(tmp_path: Path) -> None:
     assert run.exited
     assert (run.job_type, run.name, run.group) == (
         "plan",
-        "logger=wandb,parallel.dp=4,trainer=plan",
+        f"logger=wandb,parallel.dp=4,trainer=plan-{run.run_id[:6]}",
         "",
     )
+    files = path.parent / "files"  # saved with the run: the resolved config and the schedule
+    for name in ("config.yaml", "schedule.json"):
+        assert (files / name).read_bytes() == (run_dir / name).read_bytes()
     assert run.config["parallel"]["dp"] == 4
     assert run.config["batching"]["max_tokens_per_gpu"] == 8192
     rows = metrics_rows(run_dir)
@@ -82,6 +85,22 @@ def test_offline_run_holds_config_history_and_summary(tmp_path: Path) -> None:
     mean = sum(r["batch/num_microbatches"] for r in rows) / len(rows)
     assert run.summary["summary/num_microbatches_mean"] == pytest.approx(mean)
     assert run.summary["schedule/microbatches/_type"] == "table-file"
+
+
+def test_logger_name_and_group_name_the_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    out = slime_hydra(
+        tmp_path,
+        "logger=wandb",
+        "logger.name=cap-8k",
+        "logger.group=ablation",
+        "logger.notes=first try",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert out.returncode == 0, out.stderr
+    [path] = wandb_files(run_dir)
+    run = read_run(path)
+    assert (run.name, run.group) == ("cap-8k", "ablation")
 
 
 def test_two_job_multirun_gives_two_runs_in_one_group(tmp_path: Path) -> None:
@@ -99,7 +118,9 @@ def test_two_job_multirun_gives_two_runs_in_one_group(tmp_path: Path) -> None:
         assert_history_matches(runs[-1], job)
     assert len({r.run_id for r in runs}) == 2
     assert {r.group for r in runs} == {"sweep"}
-    assert [r.name for r in runs] == [p.name.split("_", 1)[1] for p in jobs]
+    # Named by the job's overrides and the run id's start (unique across sweeps).
+    assert [r.name.rsplit("-", 1)[0] for r in runs] == [p.name.split("_", 1)[1] for p in jobs]
+    assert all(r.name.rsplit("-", 1)[1] == r.run_id[:6] for r in runs)
 
 
 def test_unreachable_wandb_server_leaves_the_run_and_metrics_whole(tmp_path: Path) -> None:

@@ -1,0 +1,73 @@
+"""The command line as users meet it: the `slime-hydra` script, --help, completion, the run's
+log file, and debug=default."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.cli import REPO, run_cli
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = shutil.which("slime-hydra", path=str(Path(sys.executable).parent))
+needs_script = pytest.mark.skipif(
+    SCRIPT is None, reason="slime-hydra is not installed (pip install -e .)"
+)
+
+
+@needs_script
+def test_the_console_script_runs_from_any_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [SCRIPT, "debug=default", "trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        env={**os.environ, "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    # debug=default: one step of 8 samples.
+    rows = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0]
+    assert len(json.loads((run_dir / "schedule.json").read_text())["lengths"]) == 8
+    # One log file, named after the app, not after the module Hydra was started from.
+    assert (run_dir / "slime_hydra.log").is_file()
+    assert not (run_dir / "__main__.log").exists()
+
+
+def test_help_lists_every_group_option_and_no_schema_node():
+    out = run_cli("--help")
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert "base_" not in text
+    groups = [p for p in (REPO / "conf").iterdir() if p.is_dir() and p.name != "hydra"]
+    for group in groups:
+        for option in group.glob("*.yaml"):
+            assert option.stem in text, f"--help does not name {group.name}={option.stem}"
+    for key in ("batching.max_tokens_per_gpu", "parallel.dp", "logger.name", "hydra.run.dir"):
+        assert key in text
+
+
+@needs_script
+def test_bash_completion_of_the_script_offers_the_options():
+    env = {**os.environ, "COMP_LINE": "slime-hydra batching=sl", "COMP_POINT": "23"}
+    out = subprocess.run(
+        [SCRIPT, "-sc", "query=bash"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["batching=slime_1823", "batching=slime_1848"]
