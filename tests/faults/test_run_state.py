@@ -18,7 +18,7 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, diff_configs
 from slime_hydra.train import checkpoint
-from slime_hydra.train.launch import failure_report
+from slime_hydra.train.launch import failure_report, recorded_failures
 from slime_hydra.train.loop import step_skipped
 from tests.faults.rundir import assert_untouched, snapshot
 
@@ -265,3 +265,23 @@ def test_a_killed_rank_is_the_cause_when_the_others_only_lost_it(tmp_path):
         1: failure(tmp_path, 1, None, exitcode=1),
     }
     assert failure_report(failures).startswith("training failed on rank 1 (exit code 1)")
+
+
+def test_a_stopped_ranks_recorded_error_is_found_in_the_last_attempt(tmp_path):
+    """The launcher stopped rank 2 (node 1's local rank 0) before it exited with its own error;
+    its error file in the last attempt is still read, an older attempt's is not."""
+    for attempt, local, message in [
+        (0, 1, "RuntimeError: an old attempt's error"),
+        (1, 0, "SlimeHydraError: rank_002.pt does not fit this rank's model"),
+    ]:
+        path = tmp_path / "run_x" / f"attempt_{attempt}" / str(local) / "error.json"
+        path.parent.mkdir(parents=True)
+        info = {"py_callstack": "tb", "timestamp": "0"}
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": info}}))
+    (tmp_path / "run_x" / "attempt_1" / "1").mkdir()  # a rank that recorded nothing
+    found = recorded_failures(tmp_path, first_rank=2)
+    assert list(found) == [2]
+    report = failure_report(
+        {**found, 3: failure(tmp_path, 3, "RuntimeError: [gloo] Connection closed by peer")}
+    )
+    assert report.startswith("training failed on rank 2 (exit code 1): rank_002.pt does not fit")
