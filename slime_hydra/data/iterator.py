@@ -4,7 +4,8 @@ It is the `iterator` config group's object: the app instantiates it partially fr
 `conf/iterator/` (its own keys, e.g. `pad_multiple`), and the training engine completes it per
 rank and step with the runtime arguments (rollout, the rank's micro-batches, step, DP rank,
 TP and CP sizes, CP rank). A replacement (`iterator._target_=my_pkg.MyIterator`) takes the
-same constructor and yields `PackedMicrobatch`es.
+same constructor and offers what the engine uses: `len()`, a fresh pass of `PackedMicrobatch`es
+per `iter()` (one per VPP chunk) and `seq_length()`.
 """
 
 from __future__ import annotations
