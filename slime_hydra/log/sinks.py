@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig
 
 from slime_hydra.instantiate import build
+from slime_hydra.log.console import ConsoleSink
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import FanOut, RunInfo
 
@@ -17,10 +18,20 @@ if TYPE_CHECKING:
 
 
 def open_sinks(
-    logger: DictConfig, run: RunInfo, schedule: Schedule | None = None, start_step: int = 0
+    logger: DictConfig,
+    run: RunInfo,
+    schedule: Schedule | None = None,
+    start_step: int = 0,
+    table: bool = False,
 ) -> FanOut:
     """metrics.jsonl in the run dir (kept up to `start_step`, the first step this run logs),
     then the `logger` node's sink, built with the run and the schedule it logs (a sink such as
-    wandb's draws each step's micro-batches from it)."""
-    jsonl = JsonlSink(run.run_dir / "metrics.jsonl", start_step)
-    return FanOut([jsonl, build(logger, run=run, schedule=schedule)])
+    wandb's draws each step's micro-batches from it); with `table`, the console table too,
+    whatever the logger (once, when the logger is the console)."""
+    sinks = [
+        JsonlSink(run.run_dir / "metrics.jsonl", start_step),
+        build(logger, run=run, schedule=schedule),
+    ]
+    if table and not isinstance(sinks[-1], ConsoleSink):
+        sinks.append(ConsoleSink(run))
+    return FanOut(sinks)

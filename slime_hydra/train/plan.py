@@ -32,9 +32,10 @@ class PlanTrainer:
         )
 
     def run(self, job: Job) -> float:
-        """Emit one metrics row per planned step to metrics.jsonl and the logger; return the
-        simulated seconds of all steps, +inf if a micro-batch breaks the cap or is empty."""
-        sink = open_sinks(job.cfg.logger, job.run, job.schedule)
+        """Emit one metrics row per planned step to metrics.jsonl, the logger and the console
+        table (plan mode's output, whatever the logger); return the simulated seconds of all
+        steps, +inf if a micro-batch breaks the cap or is empty."""
+        sink = open_sinks(job.cfg.logger, job.run, job.schedule, table=True)
         total = 0.0
         try:
             for step in job.schedule.steps:

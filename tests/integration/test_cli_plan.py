@@ -25,7 +25,7 @@ def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
         f"hydra.run.dir={tmp_path}",
     )
     assert out.returncode == 0, out.stderr
-    assert "mb_imb" in out.stdout  # the per-step table
+    assert out.stdout.count("mb_imb") == 1  # the per-step table, once
     assert (tmp_path / "config.yaml").read_text().count("max_tokens_per_gpu: 6000") == 1
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     doc = json.loads((tmp_path / "schedule.json").read_text())
@@ -45,6 +45,15 @@ def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
         assert row["batch/cap_violations"] == row["batch/empty_microbatches"] == 0
         seen += [i for rank in step["ranks"] for mb in rank for i in mb]
     assert sorted(seen) == list(range(len(lengths)))
+
+
+def test_plan_mode_prints_its_table_whatever_the_logger(tmp_path):
+    out = run_cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.strip()]
+    header, *rows = [line.split() for line in lines if not line.startswith("[")]  # "[time]" logs
+    assert header[:3] == ["step", "mbs", "lb"] and "sim_s" in header
+    assert [row[0] for row in rows] == ["0", "1", "2", "3"]
 
 
 def test_multirun_gives_one_run_dir_per_job(tmp_path):
