@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pickle
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import RolloutTokens
@@ -51,6 +51,12 @@ DANGEROUS_MODULES = frozenset(
 """Modules whose functions a pickle calls to run code; a dump that needs one is refused outright."""
 
 
+def _is_tensor(value: object) -> bool:
+    """A torch.Tensor; without torch imported (it is, by `_read`) nothing can be one."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
 @dataclass(frozen=True)
 class SlimeDump:
     """A slime debug rollout dump on disk; `load()` turns it into a RolloutBatch with tokens."""
@@ -67,6 +73,8 @@ class SlimeDump:
             raise SlimeHydraError(
                 f"slime dump {self.path!r} does not exist or is not a file; check data.path."
             )
+        import torch  # here, not at the top: composing configs and --help stay torch-free
+
         try:
             return torch.load(self.path, map_location="cpu", weights_only=not self.trust_pickle)
         except pickle.UnpicklingError as err:
@@ -125,7 +133,7 @@ class SlimeDump:
     def _array(self, values: object, i: int, name: str, dtype: type | None) -> np.ndarray:
         """`values` (a tensor or sequence) as a numpy array of `dtype` (None: as it is), or an
         error naming the field."""
-        if isinstance(values, torch.Tensor):
+        if _is_tensor(values):
             values = values.detach().cpu().numpy()
         try:
             arr = np.asarray(values)
@@ -155,7 +163,7 @@ class SlimeDump:
 
     def _integer(self, value: object, i: int, name: str) -> int:
         """An integer scalar (Python, numpy or 0-d integer tensor); floats are not rounded."""
-        if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.is_floating_point():
+        if _is_tensor(value) and value.ndim == 0 and not value.is_floating_point():
             value = value.item()
         if isinstance(value, np.generic) and np.issubdtype(type(value), np.integer):
             value = int(value)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
+
+if TYPE_CHECKING:  # the packer imports torch; the app and --help do not need it
+    from slime_hydra.data.iterator import MicrobatchIterator
 
 
 @dataclass(frozen=True)

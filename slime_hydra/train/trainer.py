@@ -13,7 +13,6 @@ from typing import ClassVar
 
 from omegaconf import OmegaConf
 
-from slime_hydra.data.iterator import padding
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
@@ -100,6 +99,8 @@ class CpuTrainer:
         dims = check_model_source(job.cfg, self.export_hf)
         self.check_layout(job)
         check_model_split(job.layout, dims.num_layers)
+        from slime_hydra.data.iterator import padding
+
         padding(OmegaConf.select(job.cfg, "iterator.pad_multiple"), job.layout.tp, job.layout.cp)
         env = torchrun_env()
         if env is None:

@@ -57,6 +57,19 @@ def test_help_lists_every_group_option_and_no_schema_node():
         assert key in text
 
 
+def test_help_and_the_app_import_neither_torch_nor_megatron():
+    # --help composes the config through the app's imports; torch alone takes seconds.
+    probe = (
+        "import sys, slime_hydra.__main__; "
+        "print(sorted({'torch', 'megatron'} & set(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
 @needs_script
 def test_bash_completion_of_the_script_offers_the_options():
     env = {**os.environ, "COMP_LINE": "slime-hydra batching=sl", "COMP_POINT": "23"}
