@@ -7,14 +7,17 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from megatron.core import parallel_state
 
 from slime_hydra.data.iterator import MicrobatchIterator
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
+from slime_hydra.schedule import StepSchedule
 from slime_hydra.train import checkpoint
 from slime_hydra.train.engine import MegatronEngine, StepResult
 from slime_hydra.train.flops import ModelDims
@@ -28,13 +31,20 @@ log = logging.getLogger(__name__)
 
 
 def microbatches(job: Job, step: int) -> MicrobatchIterator:
-    """This rank's micro-batches of `step`: the `iterator` config's object, completed with the
-    rank's share of the schedule and its TP/CP place."""
+    """This rank's micro-batches of `step`: the `iterator` config's object, completed."""
+    return rank_microbatches(job.iterator, job.rollout, job.schedule.steps[step])
+
+
+def rank_microbatches(
+    iterator: Callable[..., MicrobatchIterator], rollout: RolloutBatch, step: StepSchedule
+) -> MicrobatchIterator:
+    """An iterator class (or partial) completed with this rank's share of `step` and its DP,
+    TP and CP place in megatron's parallel state."""
     dp_rank = parallel_state.get_data_parallel_rank()
-    return job.iterator(
-        job.rollout,
-        job.schedule.steps[step].ranks[dp_rank],
-        step=step,
+    return iterator(
+        rollout,
+        step.ranks[dp_rank],
+        step=step.step,
         dp_rank=dp_rank,
         tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         cp_size=parallel_state.get_context_parallel_world_size(),

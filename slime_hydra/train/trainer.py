@@ -98,6 +98,7 @@ class CpuTrainer:
         )
         dims = check_model_source(job.cfg, self.export_hf)
         self.check_layout(job)
+        check_vpp(job.layout, job.schedule)
         check_model_split(job.layout, dims.num_layers)
         from slime_hydra.data.iterator import padding
 
@@ -131,10 +132,9 @@ class CpuTrainer:
             )
 
     def check_layout(self, job: Job) -> None:
-        """What megatron's local layers on CPU cannot run, and megatron's interleaving rule
-        (checked first, before the world size)."""
+        """What megatron's local layers on CPU cannot run (checked first, before the world
+        size)."""
         check_cpu_layout(job.layout)
-        check_vpp(job.layout, job.schedule)
 
     def run(self, job: Job) -> None:
         """Give the rollout tokens, then train in torchrun's workers or start our own (the app
@@ -169,7 +169,7 @@ class GpuTrainer(CpuTrainer):
     device: ClassVar[str] = "cuda"
 
     def check_layout(self, job: Job) -> None:
-        """CUDA must be there; megatron's interleaved schedule constrains the micro-batch count."""
+        """CUDA must be there, with a GPU per local rank (checked first, before the world size)."""
         import torch
 
         if not torch.cuda.is_available():
@@ -183,7 +183,6 @@ class GpuTrainer(CpuTrainer):
         env = torchrun_env()
         local = env.local_world_size if env is not None else self.num_procs(job)
         check_gpu_count(job.layout, local, torch.cuda.device_count())
-        check_vpp(job.layout, job.schedule)
         if self.use_distributed_optimizer and (self.resume or self.max_restarts):
             raise SlimeHydraError(
                 "trainer.use_distributed_optimizer=true shards Adam's state over the DP ranks, "

@@ -27,6 +27,7 @@ from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import TENSORS, MegatronEngine, PolicyLoss
 from slime_hydra.train.flops import ModelDims
+from slime_hydra.train.loop import rank_microbatches
 from slime_hydra.train.model import build_model_chunks, global_name
 from slime_hydra.train.optimizer import OptimizerSettings, no_weight_decay
 from slime_hydra.train.trainer import with_tokens
@@ -90,15 +91,7 @@ def engine_run(out_dir: Path, layout: ParallelLayout, num_layers: int, cap: int)
         dp_rank = parallel_state.get_data_parallel_rank()
 
         def microbatches(step: int) -> MicrobatchIterator:
-            return MicrobatchIterator(
-                batch,
-                schedule.steps[step].ranks[dp_rank],
-                step=step,
-                dp_rank=dp_rank,
-                tp_size=layout.tp,
-                cp_size=layout.cp,
-                cp_rank=parallel_state.get_context_parallel_rank(),
-            )
+            return rank_microbatches(MicrobatchIterator, batch, schedule.steps[step])
 
         tied = not model_dims.untie_embeddings_and_output_weights
         result: dict = {

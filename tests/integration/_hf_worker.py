@@ -29,6 +29,7 @@ from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
 from slime_hydra.train.flops import ModelDims
+from slime_hydra.train.loop import rank_microbatches
 from slime_hydra.train.model import build_model_chunks
 from slime_hydra.train.optimizer import OptimizerSettings
 
@@ -114,18 +115,9 @@ def train(out: Path, ckpt: str, rollouts: str, layout: ParallelLayout) -> None:
         layout, global_batch_size=4, max_tokens_per_gpu=96, partitioner=CappedPartitioner()
     )
     schedule = strategy.plan(batch.total_lengths, batch.group_ids)
-    dp_rank = parallel_state.get_data_parallel_rank()
     losses = []
     for step in range(2):
-        mbs = MicrobatchIterator(
-            batch,
-            schedule.steps[step].ranks[dp_rank],
-            step=step,
-            dp_rank=dp_rank,
-            tp_size=layout.tp,
-            cp_size=layout.cp,
-            cp_rank=parallel_state.get_context_parallel_rank(),
-        )
+        mbs = rank_microbatches(MicrobatchIterator, batch, schedule.steps[step])
         losses.append(engine.train_step(mbs))
     if dist.get_rank() == 0:
         mbs = [s.num_microbatches for s in schedule.steps]
