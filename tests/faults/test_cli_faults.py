@@ -15,20 +15,11 @@ import torch
 
 from slime_hydra.rundir import RunDirLock
 from tests.faults.rundir import assert_untouched, snapshot
+from tests.integration.test_train_cpu import SMALL
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
-SMALL = [
-    "logger=jsonl",
-    "data.num_prompts=8",
-    "data.n_samples_per_prompt=4",
-    "data.prompt_len_median=32",
-    "data.max_prompt_len=64",
-    "data.response_len_median=64",
-    "data.max_response_len=192",
-    "batching.global_batch_size=8",
-]
 
 
 def cli(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -13,6 +13,7 @@ import pytest
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.log.wandb import WandbSink
 from tests.contract import BATCH_KEYS
+from tests.integration.test_train_cpu import SMALL
 from tests.wandb_reader import OfflineRun, read_run, wandb_files
 
 pytestmark = pytest.mark.integration
@@ -162,15 +163,7 @@ def test_an_invalid_mode_warns_once_and_drops_wandb(tmp_path: Path, caplog) -> N
 
 def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tmp_path: Path):
     run_dir = tmp_path / "run"
-    small = [
-        "data.num_prompts=8",
-        "data.n_samples_per_prompt=4",
-        "data.prompt_len_median=32",
-        "data.max_prompt_len=64",
-        "data.response_len_median=64",
-        "data.max_response_len=192",
-        "batching.global_batch_size=8",
-    ]
+    small = [o for o in SMALL if not o.startswith("logger=")]  # this test logs to wandb
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     out = subprocess.run(
         [
