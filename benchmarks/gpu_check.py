@@ -155,7 +155,7 @@ def load_dims(name: str) -> Any:
 
     from slime_hydra.train.flops import ModelDims
 
-    text = (REPO / "conf/model" / f"{name}.yaml").read_text()
+    text = (REPO / "slime_hydra/conf/model" / f"{name}.yaml").read_text()
     return ModelDims.from_mapping(yaml.safe_load(text))
 
 

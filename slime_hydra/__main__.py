@@ -11,9 +11,9 @@ from slime_hydra.config import register_configs
 
 register_configs()
 
-# An absolute path: the console script imports this module by name, where Hydra would read a
-# relative config_path as a Python package.
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+# The configs ship inside the package (a wheel install has them). An absolute path: the console
+# script imports this module by name, where Hydra would read a relative config_path as a package.
+CONF_DIR = str(Path(__file__).resolve().parent / "conf")
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

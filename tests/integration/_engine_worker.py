@@ -52,7 +52,7 @@ def rollout() -> RolloutBatch:
 
 
 def dims(num_layers: int) -> ModelDims:
-    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml"))
     return ModelDims.from_mapping({**cfg, "num_layers": num_layers})
 
 

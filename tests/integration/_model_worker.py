@@ -58,7 +58,7 @@ def main(out: str, tp: int) -> None:
     init_distributed(tp=tp)
     try:
         seed_everything(1234)
-        dims = ModelDims.from_mapping(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
+        dims = ModelDims.from_mapping(OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml"))
         (model,) = build_model_chunks(dims, seed=1234)
         gen = torch.Generator().manual_seed(0)
         tokens = [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]

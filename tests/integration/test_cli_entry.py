@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from tests.integration.cli import REPO, run_cli
 
@@ -49,7 +50,7 @@ def test_help_lists_every_group_option_and_no_schema_node():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "base_" not in text
-    groups = [p for p in (REPO / "conf").iterdir() if p.is_dir() and p.name != "hydra"]
+    groups = [p for p in (REPO / "slime_hydra/conf").iterdir() if p.is_dir() and p.name != "hydra"]
     for group in groups:
         for option in group.glob("*.yaml"):
             assert option.stem in text, f"--help does not name {group.name}={option.stem}"
@@ -60,8 +61,7 @@ def test_help_lists_every_group_option_and_no_schema_node():
 def test_help_and_the_app_import_neither_torch_nor_megatron():
     # --help composes the config through the app's imports; torch alone takes seconds.
     probe = (
-        "import sys, slime_hydra.__main__; "
-        "print(sorted({'torch', 'megatron'} & set(sys.modules)))"
+        "import sys, slime_hydra.__main__; print(sorted({'torch', 'megatron'} & set(sys.modules)))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=False
@@ -84,3 +84,37 @@ def test_bash_completion_of_the_script_offers_the_options():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["batching=slime_1823", "batching=slime_1848"]
+
+
+def test_a_wheel_install_carries_the_configs_and_runs(tmp_path):
+    """Built and installed apart from the checkout, the package still composes its configs
+    (they ship inside it) and runs a plan from a directory that has no conf/."""
+    src, wheels, site = tmp_path / "src", tmp_path / "wheels", tmp_path / "site"
+    # A copy of the sources: setuptools builds in the source tree, which stays untouched.
+    shutil.copytree(
+        REPO / "slime_hydra", src / "slime_hydra", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, src / name)
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, src], check=True
+    )
+    (wheel,) = wheels.glob("slime_hydra-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--target", site, wheel], check=True)
+    run_dir = tmp_path / "run"
+    overrides = ["debug=default", "trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}"]
+    out = subprocess.run(
+        [sys.executable, "-m", "slime_hydra", *overrides],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(site), "WANDB_MODE": "offline"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "metrics.jsonl").is_file()
+    # The run composed the installed copy's configs, not the checkout's.
+    sources = OmegaConf.load(run_dir / ".hydra/hydra.yaml").hydra.runtime.config_sources
+    assert str(site / "slime_hydra/conf") in [s.path for s in sources]

@@ -63,18 +63,19 @@ def test_tensor_parallel_matches_single_rank(tp1: dict[str, Any], tmp_path: Path
 
 def test_model_configs_load() -> None:
     for name in ("tiny", "qwen2_5_7b"):
-        dims = ModelDims.from_mapping(OmegaConf.load(REPO / f"conf/model/{name}.yaml"))
+        dims = ModelDims.from_mapping(OmegaConf.load(REPO / f"slime_hydra/conf/model/{name}.yaml"))
         assert dims.name == name
 
 
 def test_unknown_model_key_is_named() -> None:
-    cfg = {**OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny.yaml")), "hiden": 1}
+    tiny = OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml")
+    cfg = {**OmegaConf.to_container(tiny), "hiden": 1}
     with pytest.raises(SlimeHydraError, match="hiden"):
         ModelDims.from_mapping(cfg)
 
 
 def test_flops_coefficients_of_qwen2_5_7b() -> None:
-    dims = ModelDims.from_mapping(OmegaConf.load(REPO / "conf/model/qwen2_5_7b.yaml"))
+    dims = ModelDims.from_mapping(OmegaConf.load(REPO / "slime_hydra/conf/model/qwen2_5_7b.yaml"))
     a, b = flops_coefficients(dims)
     # 7.07e9 matmul weights (Qwen2.5-7B: 7.61e9 parameters less the 0.55e9 embedding table).
     matmul_params = 28 * (3584 * (2 * 3584 + 2 * 512) + 3 * 3584 * 18944) + 3584 * 152064
