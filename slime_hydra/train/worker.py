@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,13 +16,14 @@ from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train import checkpoint, cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
-from slime_hydra.train.flops import ModelDims
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.train.job import Job
 from slime_hydra.train.loop import run_steps
 from slime_hydra.train.optimizer import OptimizerSettings
 from slime_hydra.train.torchrun import TorchrunEnv, torchrun_env
 
 if TYPE_CHECKING:
+    from slime_hydra.log.sink import Sink
     from slime_hydra.train.trainer import CpuTrainer
 
 log = logging.getLogger(__name__)
@@ -35,6 +37,28 @@ def setup_logging(rank: int) -> None:
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s",
     )
+
+
+class Stopped(Exception):
+    """The launcher stopped this rank (SIGTERM): another rank failed, or the run was cancelled."""
+
+
+def raise_on_sigterm() -> None:
+    """torchrun stops the ranks left alive with SIGTERM when one fails, and kills them 30 s
+    later: raise instead of dying at once, so the `finally` blocks run (rank 0 closes its sinks,
+    and wandb writes out the steps it holds)."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(f"stopped by signal {signum} (SIGTERM) from the launcher")
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def close_sink(sink: Sink) -> None:
+    """Close rank 0's sinks to the end: a SIGTERM that arrives meanwhile (the launcher stopping
+    this rank after a peer failed) is ignored, SIGKILL still bounds it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sink.close()
 
 
 def check_same_run_dir(job: Job) -> None:
@@ -55,7 +79,7 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
     on CPU, megatron's CUDA placements are mapped to the CPU first (train/cpu_shim.py)."""
     if trainer.device == "cpu":
         cpu_shim.apply()
-    dims = ModelDims.from_mapping(job.cfg.model)
+    dims = model_dims(job.cfg.model)
     engine = MegatronEngine(
         dims,
         job.layout,
@@ -97,6 +121,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
     if env is None:
         raise SlimeHydraError("train() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
     setup_logging(env.rank)
+    raise_on_sigterm()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
     layout = job.layout
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
@@ -115,7 +140,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
             run_steps(engine, trainer, job, env, start, sink, counters)
         finally:
             if sink is not None:
-                sink.close()
+                close_sink(sink)
     except Exception as exc:
         # This rank's own error, recorded before teardown makes its peers fail as well: the
         # launcher reports the rank where a failure happened (train/launch.py).
