@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from slime_hydra.data.iterator import MicrobatchIterator
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import RolloutTokens, synthesize_tokens
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -128,7 +129,7 @@ def main() -> None:
         )
 
     def pack_flat(built: RolloutTokens) -> None:
-        for _ in MicrobatchIterator(built.to_batch(), mbs, step=0, dp_rank=0):
+        for _ in MicrobatchIterator(RolloutBatch.from_tokens(built), mbs, step=0, dp_rank=0):
             pass
 
     def pack_list(built: dict[str, list[torch.Tensor]]) -> None:
@@ -149,7 +150,7 @@ def main() -> None:
             f"{f['pack_s']:>8.2f}{num_tokens / f['pack_s'] / 1e6:>8.1f}"
         )
 
-    batch = data.to_batch()
+    batch = RolloutBatch.from_tokens(data)
     for cp in (1, 2, 4):
         it = MicrobatchIterator(batch, mbs, step=0, dp_rank=0, cp_size=cp, cp_rank=cp - 1)
         t0 = time.perf_counter()

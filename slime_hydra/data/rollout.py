@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
-
-if TYPE_CHECKING:
-    from slime_hydra.data.tokens import RolloutTokens
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,8 +47,18 @@ class RolloutBatch:
         ):
             raise SlimeHydraError(
                 "RolloutBatch: the token data's lengths or group ids differ from the batch's; "
-                "build the batch with RolloutTokens.to_batch()."
+                "build the batch with RolloutBatch.from_tokens()."
             )
+
+    @classmethod
+    def from_tokens(cls, tokens: RolloutTokens) -> RolloutBatch:
+        """The batch the scheduler reads (lengths, group ids), carrying these tokens."""
+        return cls(
+            total_lengths=tokens.total_lengths,
+            response_lengths=tokens.response_lengths,
+            group_ids=tokens.group_ids,
+            tokens=tokens,
+        )
 
     def __len__(self) -> int:
         return len(self.total_lengths)

@@ -261,7 +261,7 @@ class SlimeDump:
                     f"{name} but sample 0 {'has it' if have[0] else 'does not'}; "
                     "all samples or none must carry it."
                 )
-        return RolloutTokens.from_samples(
+        data = RolloutTokens.from_samples(
             tokens=tokens,
             response_lengths=resp,
             loss_masks=masks,
@@ -269,4 +269,5 @@ class SlimeDump:
             group_ids=groups,
             advantages=advantages if all(have_adv) else None,
             old_logprobs=logprobs if all(have_lp) else None,
-        ).to_batch()
+        )
+        return RolloutBatch.from_tokens(data)

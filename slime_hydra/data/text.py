@@ -138,10 +138,11 @@ class TextRollouts:
             rewards.append(float(reward))
         if not tokens:
             raise SlimeHydraError(f"{path} holds no records: the rollout is empty.")
-        return RolloutTokens.from_samples(
+        data = RolloutTokens.from_samples(
             tokens,
             response_lengths,
             [[1] * n for n in response_lengths],
             rewards,
             groups,
-        ).to_batch()
+        )
+        return RolloutBatch.from_tokens(data)

@@ -15,7 +15,6 @@ from functools import cached_property
 
 import numpy as np
 
-from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 
 PAD_ID = 0
@@ -157,15 +156,6 @@ class RolloutTokens:
             "advantages": self.advantages[r0:r1],
             "old_logprobs": None if self.old_logprobs is None else self.old_logprobs[r0:r1],
         }
-
-    def to_batch(self) -> RolloutBatch:
-        """The RolloutBatch the scheduler reads (lengths, group ids), carrying these tokens."""
-        return RolloutBatch(
-            total_lengths=self.total_lengths,
-            response_lengths=self.response_lengths,
-            group_ids=self.group_ids,
-            tokens=self,
-        )
 
 
 def grpo_advantages(rewards: np.ndarray, group_ids: np.ndarray, eps: float = 1e-6) -> np.ndarray:

@@ -210,7 +210,7 @@ def test_token_ids_outside_the_vocabulary_are_named():
         group_ids=[0, 0],
     )
     with pytest.raises(SlimeHydraError, match=r"sample 1 holds token id 300 \(position 1\).*256"):
-        check_rollout_fits(tokens.to_batch(), {"vocab_size": 256}, 2)
+        check_rollout_fits(RolloutBatch.from_tokens(tokens), {"vocab_size": 256}, 2)
 
 
 def test_gpu_count_is_checked_against_the_layout():

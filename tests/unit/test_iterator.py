@@ -16,7 +16,7 @@ from tests.rollouts import random_tokens
 
 def random_batch(seed: int, n: int, max_len: int) -> RolloutBatch:
     """A rollout of random tokens with random loss masks and per-token values."""
-    return random_tokens(seed, n, max_len).to_batch()
+    return RolloutBatch.from_tokens(random_tokens(seed, n, max_len))
 
 
 @st.composite
@@ -115,14 +115,15 @@ def test_every_pass_yields_the_same_microbatches_packed_once():
 def test_seq_length_is_the_longest_packed_microbatch_over_the_cp_group():
     """Lengths 5 and 3 (together) and 7: with cp=2 each pads to a multiple of 4 → 8+4 and 8;
     per CP rank 6 and 4 tokens, padded to a multiple of 4 → 8 and 4; times cp → 16."""
-    batch = RolloutTokens.from_samples(
+    data = RolloutTokens.from_samples(
         tokens=[np.arange(1, n + 1) for n in (5, 3, 7)],
         response_lengths=np.array([2, 1, 3]),
         loss_masks=[np.ones(r, bool) for r in (2, 1, 3)],
         rewards=np.zeros(3),
         group_ids=np.arange(3),
         advantages=[np.ones(r) for r in (2, 1, 3)],
-    ).to_batch()
+    )
+    batch = RolloutBatch.from_tokens(data)
     it = MicrobatchIterator(batch, [[0, 1], [2]], step=0, dp_rank=0, pad_multiple=4, cp_size=2)
     assert it.seq_length() == 16
     assert it.seq_length() == max(mb.tokens.shape[1] for mb in it) * 2

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.data.packing import pack_microbatch
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import (
     DIGIT0_ID,
     SEP_ID,
@@ -167,7 +168,7 @@ def test_too_small_vocab_is_refused():
 def test_batch_refuses_tokens_that_disagree_with_its_lengths():
     """RolloutBatch checks that linked tokens have its lengths."""
     data = random_tokens(2, 3, 10)
-    batch = data.to_batch()
+    batch = RolloutBatch.from_tokens(data)
     with pytest.raises(SlimeHydraError, match="differ"):
         type(batch)(
             total_lengths=batch.total_lengths + 1,
