@@ -40,7 +40,7 @@ from slime_hydra.schedule import (
     microbatch_lower_bound,
     step_metrics,
 )
-from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
 FREE_CAP = 1 << 62
 MAX_PROMPT_LEN = 1024

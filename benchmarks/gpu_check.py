@@ -153,7 +153,7 @@ def load_dims(name: str) -> Any:
     """ModelDims of conf/model/<name>.yaml."""
     import yaml
 
-    from slime_hydra.train.flops import ModelDims
+    from slime_hydra.schedule.cost import ModelDims
 
     text = (REPO / "slime_hydra/conf/model" / f"{name}.yaml").read_text()
     return ModelDims.from_mapping(yaml.safe_load(text))
@@ -201,7 +201,7 @@ def largest_safe_micro_batch_size(lengths: Sequence[int], cap: int, per_rank: in
 
 
 def sequence_flops(lengths: Iterable[int], coefficients: tuple[int, int]) -> int:
-    """Model FLOPs (forward + backward) of causal sequences: Σ a·L + b·L² (train/flops.py)."""
+    """Model FLOPs (forward + backward) of causal sequences: Σ a·L + b·L² (schedule/cost.py)."""
     a, b = coefficients
     return sum(a * n + b * n * n for n in lengths)
 
@@ -764,7 +764,7 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
     (work / "runs").mkdir(exist_ok=True)
 
     from slime_hydra.data.synthetic import SyntheticGRPO
-    from slime_hydra.train.flops import flops_coefficients
+    from slime_hydra.schedule.cost import flops_coefficients
 
     dims = load_dims(THROUGHPUT_MODEL)
     coefficients = flops_coefficients(dims)

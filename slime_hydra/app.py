@@ -14,11 +14,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import validate
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.instantiate import build, factory
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_run_files
 from slime_hydra.schedule import violations
-from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import is_rank_zero, torchrun_env
 
@@ -41,7 +42,7 @@ def run_info(cfg: DictConfig) -> RunInfo:
 def plan(cfg: DictConfig, run: RunInfo) -> Job:
     """Checks, rollout and schedule: everything before training, nothing written yet."""
     layout, strategy = validate(cfg)
-    dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
+    dims = model_dims(cfg.model)
     rollout = build(cfg.data).load()
     start = time.perf_counter()
     schedule = strategy.plan(rollout.total_lengths, rollout.group_ids, rollout.step_ids)

@@ -22,13 +22,14 @@ from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.instantiate import build
 from slime_hydra.log.wandb import WandbSink
 from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
+from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.schedule.dynamic import Balance, DpSplit, Oversize
 from slime_hydra.schedule.legacy import VppRounding
-from slime_hydra.train.flops import ModelDims, flops_coefficients
 from slime_hydra.train.plan import PlanTrainer
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
 
@@ -231,8 +232,7 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     runtime = {}
     if OmegaConf.select(cfg, "batching.balance") == Balance.flops:
         # The same cost model that plan mode's sim/* and the flops metrics use.
-        dims = ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
-        runtime["flops_coefficients"] = flops_coefficients(dims)
+        runtime["flops_coefficients"] = flops_coefficients(model_dims(cfg.model))
     strategy = build(cfg.batching, layout=layout, **runtime)
     strategy.check_step_size(strategy.global_batch_size)
     group = OmegaConf.select(cfg, "data.n_samples_per_prompt")

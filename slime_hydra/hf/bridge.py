@@ -30,7 +30,7 @@ from megatron.core import parallel_state
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checkpoint import HfCheckpoint
-from slime_hydra.train.flops import ModelDims
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.model import padded_vocab_size
 
 log = logging.getLogger(__name__)

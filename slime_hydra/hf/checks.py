@@ -4,21 +4,29 @@ written. Torch-free; the tokenizer check imports transformers only when data has
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checkpoint import HfCheckpoint
-from slime_hydra.train.flops import ModelDims
+from slime_hydra.schedule.cost import ModelDims
 
 
-def model_dims(cfg: DictConfig) -> ModelDims:
-    """The model's dims from the config's `model` group (config.json's with model.path)."""
-    return ModelDims.from_mapping(OmegaConf.to_container(cfg.model, resolve=True))
+def model_dims(model: Mapping[str, Any]) -> ModelDims:
+    """The dims a conf/model mapping describes: with model.path, its config.json's (the dims
+    given beside it are replaced, unknown keys still named), else the mapping's own."""
+    if isinstance(model, DictConfig):
+        model = OmegaConf.to_container(model, resolve=True)
+    if model.get("path"):
+        model = {**model, **HfCheckpoint.open(model["path"]).dims()}
+    return ModelDims.from_mapping(model)
 
 
 def check_model_source(cfg: DictConfig, export_hf: bool) -> ModelDims:
     """The weights a trainer will load, the tokenizer the rollout came from, the export."""
-    dims = model_dims(cfg)
+    dims = model_dims(cfg.model)
     if dims.path is None:
         if dims.require_path:
             raise SlimeHydraError(

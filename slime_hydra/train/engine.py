@@ -32,7 +32,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.packing import PackedMicrobatch
 from slime_hydra.schedule import ParallelLayout
-from slime_hydra.train.flops import ModelDims
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
 from slime_hydra.train.model import Device, build_model_chunks
 from slime_hydra.train.optimizer import OptimizerSettings, build_optimizer

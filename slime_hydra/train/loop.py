@@ -16,11 +16,11 @@ from megatron.core import parallel_state
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sink import Sink
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.train import checkpoint
 from slime_hydra.train.engine import MegatronEngine, StepResult
-from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.job import Job
 from slime_hydra.train.torchrun import TorchrunEnv
 
@@ -173,6 +173,6 @@ def save(
     if job.cfg.trainer.get("export_hf"):
         from slime_hydra.hf.bridge import export_hf
 
-        export_hf(engine.chunks, ModelDims.from_mapping(job.cfg.model), run_dir / "hf")
+        export_hf(engine.chunks, model_dims(job.cfg.model), run_dir / "hf")
         if env.rank == 0:
             log.info("Exported the model after step %d to %s", steps_done - 1, run_dir / "hf")

@@ -20,8 +20,8 @@ from megatron.core.models.gpt import GPTModel, gpt_layer_specs
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.attention import PackedCausalAttention
-from slime_hydra.train.flops import ModelDims
 
 Device = Literal["cpu", "cuda"]
 

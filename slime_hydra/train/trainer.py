@@ -142,7 +142,7 @@ class CpuTrainer:
         job = dataclasses.replace(
             job,
             cfg=OmegaConf.create(OmegaConf.to_container(job.cfg, resolve=True)),
-            rollout=with_tokens(job.rollout, model_dims(job.cfg).vocab_size, job.cfg.seed),
+            rollout=with_tokens(job.rollout, model_dims(job.cfg.model).vocab_size, job.cfg.seed),
         )
         if torchrun_env() is not None:
             from slime_hydra.train.worker import train

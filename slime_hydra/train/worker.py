@@ -12,11 +12,11 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train import checkpoint, cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
-from slime_hydra.hf.checks import model_dims
 from slime_hydra.train.job import Job
 from slime_hydra.train.loop import run_steps
 from slime_hydra.train.optimizer import OptimizerSettings

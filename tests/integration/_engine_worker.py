@@ -23,10 +23,10 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, Schedule
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import TENSORS, MegatronEngine, PolicyLoss
-from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.loop import rank_microbatches
 from slime_hydra.train.model import build_model_chunks, global_name
 from slime_hydra.train.optimizer import OptimizerSettings, no_weight_decay

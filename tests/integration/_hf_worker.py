@@ -23,12 +23,12 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.hf.bridge import export_hf, load_hf_weights, load_into_engine, unwrap
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
 from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
-from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.loop import rank_microbatches
 from slime_hydra.train.model import build_model_chunks
 from slime_hydra.train.optimizer import OptimizerSettings
@@ -87,7 +87,7 @@ def save_logits(out: Path, i: int | str, logits: torch.Tensor | None) -> None:
 
 def load(out: Path, checkpoints: list[str], layout: ParallelLayout) -> None:
     for i, ckpt in enumerate(checkpoints):
-        dims = ModelDims.from_mapping({"name": "hf", "path": ckpt})
+        dims = model_dims({"name": "hf", "path": ckpt})
         chunks = build_model_chunks(
             dims,
             SEED,
@@ -100,7 +100,7 @@ def load(out: Path, checkpoints: list[str], layout: ParallelLayout) -> None:
 
 
 def train(out: Path, ckpt: str, rollouts: str, layout: ParallelLayout) -> None:
-    dims = ModelDims.from_mapping({"name": "hf", "path": ckpt})
+    dims = model_dims({"name": "hf", "path": ckpt})
     engine = MegatronEngine(
         dims,
         layout,

@@ -15,8 +15,8 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from omegaconf import OmegaConf
 
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.flops import ModelDims
 from slime_hydra.train.loss import policy_loss
 from slime_hydra.train.model import build_model_chunks
 

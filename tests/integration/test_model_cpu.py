@@ -1,4 +1,4 @@
-"""The megatron-core GPTModel on CPU (gloo): packed attention, tensor parallelism, model dims."""
+"""The megatron-core GPTModel on CPU (gloo): packed attention, tensor parallelism."""
 
 from __future__ import annotations
 
@@ -7,11 +7,8 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from slime_hydra.errors import SlimeHydraError
-from slime_hydra.train.flops import ModelDims, flops_coefficients
-from tests.integration.torchrun import REPO, run_torchrun
+from tests.integration.torchrun import run_torchrun
 
 WORKER = Path(__file__).with_name("_model_worker.py")
 SEQ_SPANS = [(0, 5), (5, 14), (14, 17)]  # the worker's packed sequences of lengths 5, 9, 3
@@ -59,26 +56,3 @@ def test_tensor_parallel_matches_single_rank(tp1: dict[str, Any], tmp_path: Path
         torch.testing.assert_close(tp2[key], tp1[key], rtol=1e-4, atol=1e-4)
     assert tp2["loss"] == pytest.approx(tp1["loss"], rel=1e-4)
     assert tp2["grad_norm"] == pytest.approx(tp1["grad_norm"], rel=1e-4)
-
-
-def test_model_configs_load() -> None:
-    for name in ("tiny", "qwen2_5_7b"):
-        dims = ModelDims.from_mapping(OmegaConf.load(REPO / f"slime_hydra/conf/model/{name}.yaml"))
-        assert dims.name == name
-
-
-def test_unknown_model_key_is_named() -> None:
-    tiny = OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml")
-    cfg = {**OmegaConf.to_container(tiny), "hiden": 1}
-    with pytest.raises(SlimeHydraError, match="hiden"):
-        ModelDims.from_mapping(cfg)
-
-
-def test_flops_coefficients_of_qwen2_5_7b() -> None:
-    dims = ModelDims.from_mapping(OmegaConf.load(REPO / "slime_hydra/conf/model/qwen2_5_7b.yaml"))
-    a, b = flops_coefficients(dims)
-    # 7.07e9 matmul weights (Qwen2.5-7B: 7.61e9 parameters less the 0.55e9 embedding table).
-    matmul_params = 28 * (3584 * (2 * 3584 + 2 * 512) + 3 * 3584 * 18944) + 3584 * 152064
-    assert matmul_params == pytest.approx(7.07e9, rel=1e-3)
-    assert b == 6 * 28 * 28 * 128
-    assert a == 6 * matmul_params + b

@@ -127,7 +127,7 @@ def test_one_name_per_logger_choice(compose_cfg):
 
 @pytest.mark.parametrize("choice", ["tiny", "qwen2_5_1_5b", "qwen2_5_7b"])
 def test_every_model_choice_builds_its_dims(compose_cfg, choice):
-    from slime_hydra.train.flops import ModelDims, flops_coefficients
+    from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
     dims = ModelDims.from_mapping(compose_cfg(f"model={choice}").model)
     a, b = flops_coefficients(dims)

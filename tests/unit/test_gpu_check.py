@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
 REPO = Path(__file__).resolve().parents[2]
 

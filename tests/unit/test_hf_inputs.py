@@ -15,12 +15,14 @@ from omegaconf import OmegaConf
 
 from slime_hydra import app
 from slime_hydra.config import build
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.tokens import RolloutTokens, grpo_advantages
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checkpoint import HfCheckpoint
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sink import RunInfo
-from slime_hydra.train.flops import ModelDims, flops_coefficients
+from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 from tests.hf_models import VOCAB, edit_config, make_checkpoint, write_text_rollouts
 
 
@@ -59,7 +61,7 @@ def text_overrides(ckpt: Path, tmp_path: Path) -> list[str]:
 
 
 def test_dims_come_from_config_json(ckpt):
-    dims = ModelDims.from_mapping({"name": "hf", "path": str(ckpt)})
+    dims = model_dims({"name": "hf", "path": str(ckpt)})
     assert (dims.num_layers, dims.hidden_size, dims.ffn_hidden_size) == (2, 64, 128)
     assert (dims.num_attention_heads, dims.num_query_groups, dims.vocab_size) == (4, 2, VOCAB)
     assert dims.rotary_base == 10000.0 and dims.add_qkv_bias and dims.swiglu
@@ -172,7 +174,7 @@ def test_token_ids_beyond_the_vocabulary(job_of, ckpt, tmp_path):
     ids[3] = VOCAB + 3  # as a rollout tokenized for a larger vocabulary would hold
     bad = dataclasses.replace(tokens, tokens=ids)
     with pytest.raises(SlimeHydraError, match=rf"token id {VOCAB + 3} .*vocab_size={VOCAB}"):
-        trainer.check(dataclasses.replace(job, rollout=bad.to_batch()))
+        trainer.check(dataclasses.replace(job, rollout=RolloutBatch.from_tokens(bad)))
 
 
 def test_a_tokenizer_larger_than_the_vocabulary(job_of, source, tmp_path):

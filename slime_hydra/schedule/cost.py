@@ -1,7 +1,7 @@
-"""Model dimensions (conf/model/*.yaml) and their FLOPs per sequence; plain Python, no torch.
+"""The cost model: model dimensions (conf/model/*.yaml) and their FLOPs per sequence.
 
-The dims are a flat mapping so that schedule metrics and `trainer=plan` can read them without
-building a model.
+Pure (no torch, no files) so that schedule metrics, FLOPs balancing and `trainer=plan` use it
+without building a model; dims of an HF checkpoint are read in slime_hydra/hf/checks.py.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ class ModelDims:
     untie_embeddings_and_output_weights: bool = True
     path: str | None = None
     """An HF checkpoint dir (model=hf): the dims come from its config.json (any given beside it
-    are ignored) and the trainers load its weights; null: seeded random weights."""
+    are ignored; hf.checks.model_dims reads it) and the trainers load its weights; null: seeded
+    random weights."""
     require_path: bool = False
     """A trainer refuses to start without model.path (an experiment that post-trains real
     weights); trainer=plan needs no weights."""
@@ -70,8 +71,8 @@ class ModelDims:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> ModelDims:
-        """Build from a conf/model mapping (dict or DictConfig), naming any unknown key; with
-        `path`, from the HF checkpoint's config.json (slime_hydra/hf/checkpoint.py)."""
+        """Build from a conf/model mapping (dict or DictConfig) that states every dim, naming
+        any unknown or missing key (with model.path, hf.checks.model_dims fills the dims)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -79,11 +80,6 @@ class ModelDims:
                 f"model config {cfg.get('name', '?')!r} has unknown keys {unknown}; "
                 f"allowed keys: {sorted(known)}."
             )
-        if cfg.get("path"):
-            from slime_hydra.hf.checkpoint import HfCheckpoint
-
-            dims = HfCheckpoint.open(cfg["path"]).dims()
-            return cls(**dims, require_path=bool(cfg.get("require_path", False)))
         missing = sorted(f.name for f in fields(cls) if f.name not in cfg and f.default is MISSING)
         if missing:
             raise SlimeHydraError(
