@@ -141,24 +141,26 @@ class Config:
 
 
 def register_configs() -> None:
-    """Store the schemas the YAML files extend (`defaults: [base_<name>, _self_]`)."""
+    """Store the schemas the YAML files extend (`defaults: [/base_<name>@_here_, _self_]`). They
+    sit at the root, outside the config groups, so that neither `--help` nor shell completion
+    offers them as options (`batching=base_dynamic`)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
-    cs.store(group="parallel", name="base_parallel", node=schema_of(ParallelLayout, target=False))
-    cs.store(group="batching", name="base_fixed", node=FixedBatchingConfig)
-    cs.store(group="batching", name="base_dynamic", node=DynamicBatchingConfig)
-    cs.store(group="batching", name="base_legacy", node=LegacyBatchingConfig)
-    cs.store(group="data", name="base_synthetic_grpo", node=schema_of(SyntheticGRPO))
-    cs.store(group="data", name="base_jsonl", node=schema_of(JsonlTrace))
-    cs.store(group="data", name="base_parquet", node=schema_of(ParquetTrace))
-    cs.store(group="data", name="base_slime_dump", node=schema_of(SlimeDump))
-    cs.store(group="data", name="base_text", node=schema_of(TextRollouts))
-    cs.store(group="trainer", name="base_plan", node=schema_of(PlanTrainer))
-    cs.store(group="trainer", name="base_cpu", node=schema_of(CpuTrainer))
-    cs.store(group="trainer", name="base_gpu", node=schema_of(GpuTrainer))
-    cs.store(group="iterator", name="base_iterator", node=IteratorConfig)
-    cs.store(group="logger", name="base_logger", node=LoggerConfig)
-    cs.store(group="logger", name="base_wandb", node=WandbLoggerConfig)
+    cs.store(name="base_parallel", node=schema_of(ParallelLayout, target=False))
+    cs.store(name="base_fixed", node=FixedBatchingConfig)
+    cs.store(name="base_dynamic", node=DynamicBatchingConfig)
+    cs.store(name="base_legacy", node=LegacyBatchingConfig)
+    cs.store(name="base_synthetic_grpo", node=schema_of(SyntheticGRPO))
+    cs.store(name="base_jsonl", node=schema_of(JsonlTrace))
+    cs.store(name="base_parquet", node=schema_of(ParquetTrace))
+    cs.store(name="base_slime_dump", node=schema_of(SlimeDump))
+    cs.store(name="base_text", node=schema_of(TextRollouts))
+    cs.store(name="base_plan", node=schema_of(PlanTrainer))
+    cs.store(name="base_cpu", node=schema_of(CpuTrainer))
+    cs.store(name="base_gpu", node=schema_of(GpuTrainer))
+    cs.store(name="base_iterator", node=IteratorConfig)
+    cs.store(name="base_logger", node=LoggerConfig)
+    cs.store(name="base_wandb", node=WandbLoggerConfig)
 
 
 def layout_of(cfg: DictConfig) -> ParallelLayout:

@@ -70,9 +70,9 @@ def test_help_and_the_app_import_neither_torch_nor_megatron():
     assert out.stdout.strip() == "[]"
 
 
-@needs_script
-def test_bash_completion_of_the_script_offers_the_options():
-    env = {**os.environ, "COMP_LINE": "slime-hydra batching=sl", "COMP_POINT": "23"}
+def complete(line: str) -> list[str]:
+    """What bash completion of the `slime-hydra` script offers for `line`."""
+    env = {**os.environ, "COMP_LINE": line, "COMP_POINT": str(len(line))}
     out = subprocess.run(
         [SCRIPT, "-sc", "query=bash"],
         cwd=REPO,
@@ -83,7 +83,17 @@ def test_bash_completion_of_the_script_offers_the_options():
         check=False,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["batching=slime_1823", "batching=slime_1848"]
+    return out.stdout.split()
+
+
+@needs_script
+def test_bash_completion_offers_the_options_and_no_schema_node():
+    assert complete("slime-hydra batching=sl") == ["batching=slime_1823", "batching=slime_1848"]
+    # The schemas the options extend are not options.
+    assert complete("slime-hydra batching=") == [
+        *("batching=dynamic", "batching=fixed", "batching=slime_1823", "batching=slime_1848")
+    ]
+    assert complete("slime-hydra logger=") == ["logger=console", "logger=jsonl", "logger=wandb"]
 
 
 def test_a_wheel_install_carries_the_configs_and_runs(tmp_path):
