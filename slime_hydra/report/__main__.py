@@ -1,35 +1,63 @@
-"""`python -m slime_hydra.report RUN_OR_SWEEP_DIR... [--out DIR]`: PNG plots from run dirs."""
+"""`python -m slime_hydra.report RUN_OR_SWEEP_DIR... [--out DIR]`: PNG plots from run dirs; a
+sweep's failed jobs (no metrics) are printed and listed in failed_jobs.txt beside its plots."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from slime_hydra.report.plots import plot_run, plot_sweep
-from slime_hydra.report.rundir import RunDir, is_run_dir, sweep_jobs
+from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
+
+FAILED_FILE = "failed_jobs.txt"
 
 
-def report(path: Path, out: Path | None = None) -> list[Path]:
-    """Plot a run dir (one figure) or a sweep dir (one per job and a comparison of the jobs),
-    into `out` (default: `path`/report); return the files written."""
+@dataclass(frozen=True)
+class Report:
+    """What a report wrote, and the sweep jobs it has no metrics to plot for."""
+
+    written: list[Path]
+    failed: list[FailedJob] = field(default_factory=list)
+    jobs: int = 1
+    """Jobs found (a run dir is one)."""
+
+
+def failed_text(sweep: Path, failed: Sequence[FailedJob], jobs: int) -> str:
+    """The failed jobs of a sweep of `jobs` jobs: a count, then per job its name, the first
+    line of its error and its dir."""
+    lines = [f"{sweep}: {len(failed)} of {jobs} jobs failed (no metrics.jsonl):"]
+    for job in failed:
+        lines += [f"  {job.name}", f"    {job.error}", f"    {job.path}"]
+    return "\n".join(lines) + "\n"
+
+
+def report(path: Path, out: Path | None = None) -> Report:
+    """Plot a run dir (one figure) or a sweep dir (a comparison of its jobs and one figure per
+    job that logged metrics, plus failed_jobs.txt when some did not) into `out` (default:
+    `path`/report)."""
     out = out if out is not None else path / "report"
     if is_run_dir(path):
         out.mkdir(parents=True, exist_ok=True)
-        return [plot_run(RunDir.read(path), out / f"{path.name}.png")]
-    jobs = sweep_jobs(path)
-    if not jobs:
+        return Report([plot_run(RunDir.read(path), out / f"{path.name}.png")])
+    jobs, failed = sweep_jobs(path), failed_jobs(path)
+    if not jobs and not failed:
         raise SystemExit(f"{path}: neither a run dir (metrics.jsonl) nor a sweep dir of runs")
     out.mkdir(parents=True, exist_ok=True)
     runs = [RunDir.read(job) for job in jobs]
-    written = [plot_sweep(runs, out / "sweep.png", path.name)]
+    written = [plot_sweep(runs, out / "sweep.png", path.name, failed)] if runs else []
     written += [plot_run(run, out / f"{run.name}.png") for run in runs]
-    return written
+    if failed:
+        (out / FAILED_FILE).write_text(failed_text(path, failed, len(jobs) + len(failed)))
+        written.append(out / FAILED_FILE)
+    return Report(written, failed, len(jobs) + len(failed))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Parse the dirs and --out, write the plots, print their paths."""
+    """Parse the dirs and --out, write the plots, print their paths, then each sweep's failed
+    jobs (as in failed_jobs.txt)."""
     parser = argparse.ArgumentParser(prog="python -m slime_hydra.report", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or sweep (multirun) dirs")
     parser.add_argument(
@@ -38,8 +66,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     for path in args.dirs:
         out = args.out / path.resolve().name if args.out is not None else None
-        for written in report(path, out):
+        done = report(path, out)
+        for written in done.written:
             print(written)
+        if done.failed:
+            print(failed_text(path, done.failed, done.jobs), end="")
 
 
 if __name__ == "__main__":

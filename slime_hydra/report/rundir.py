@@ -1,5 +1,5 @@
-"""Reading a run dir back (metrics.jsonl, schedule.json); the numbers that summarise a run are
-slime_hydra/log/summary.py's, shared with the wandb sink."""
+"""Reading a run or sweep dir back (metrics.jsonl, schedule.json, a failed job's error.txt); the
+numbers that summarise a run are slime_hydra/log/summary.py's, shared with the wandb sink."""
 
 from __future__ import annotations
 
@@ -11,7 +11,19 @@ from slime_hydra.log.sink import Metrics
 from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule
 
-__all__ = ["RunDir", "is_run_dir", "read_schedule", "run_summary", "sweep_jobs"]
+__all__ = [
+    "FailedJob",
+    "RunDir",
+    "failed_jobs",
+    "is_run_dir",
+    "read_schedule",
+    "run_summary",
+    "sweep_jobs",
+]
+
+JOB_MARKS = ("metrics.jsonl", "error.txt", ".lock")
+"""Files that make a sweep dir's subdir a job dir: the app takes `.lock` before anything else,
+a job that runs writes metrics.jsonl, one that is refused writes error.txt."""
 
 
 def read_schedule(run_dir: Path) -> Schedule | None:
@@ -40,16 +52,56 @@ class RunDir:
         return cls(path, [json.loads(line) for line in lines if line], read_schedule(path))
 
 
+@dataclass(frozen=True)
+class FailedJob:
+    """A sweep job that logged no metrics: its dir and the first line of why."""
+
+    path: Path
+    error: str
+
+    @property
+    def name(self) -> str:
+        """The dir's name: the job number and its overrides."""
+        return self.path.name
+
+    @property
+    def has_error_file(self) -> bool:
+        """Whether the job recorded its error (error.txt) rather than stopping without one."""
+        return (self.path / "error.txt").is_file()
+
+    @classmethod
+    def read(cls, path: Path) -> FailedJob:
+        """The first non-empty line of `path`/error.txt, or a note that the job left none."""
+        error_file = path / "error.txt"
+        if not error_file.is_file():
+            note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
+            return cls(path, note)
+        lines = [line.strip() for line in error_file.read_text().splitlines() if line.strip()]
+        return cls(path, lines[0] if lines else "error.txt is empty")
+
+
 def is_run_dir(path: Path) -> bool:
     """A dir that a run wrote metrics to."""
     return (path / "metrics.jsonl").is_file()
 
 
-def sweep_jobs(path: Path) -> list[Path]:
-    """The run dirs directly under a sweep dir, in job-number order."""
+def _job_dirs(path: Path) -> list[Path]:
+    """Every job dir directly under a sweep dir, in job-number order (Hydra's `N_overrides`)."""
 
     def job_number(p: Path) -> tuple[int, str]:
         head = p.name.split("_", 1)[0]
         return (int(head) if head.isdigit() else 1 << 30, p.name)
 
-    return sorted((p for p in path.iterdir() if is_run_dir(p)), key=job_number)
+    jobs = (p for p in path.iterdir() if any((p / mark).exists() for mark in JOB_MARKS))
+    return sorted(jobs, key=job_number)
+
+
+def sweep_jobs(path: Path) -> list[Path]:
+    """The run dirs (jobs that logged metrics) directly under a sweep dir, in job-number order."""
+    return [p for p in _job_dirs(path) if is_run_dir(p)]
+
+
+def failed_jobs(path: Path) -> list[FailedJob]:
+    """The jobs under a sweep dir that logged no metrics (refused: error.txt; or stopped
+    before their first step), in job-number order."""
+    return [FailedJob.read(p) for p in _job_dirs(path) if not is_run_dir(p)]
