@@ -18,4 +18,4 @@ BATCH_KEYS = (
     "batch/dp_flops_imbalance",
 )
 TRAIN_KEYS = ("train/loss", "train/grad_norm", "train/lr", "perf/step_s", "perf/tokens_per_s")
-SIM_KEYS = ("sim/step_s", "sim/bubble_frac", "sim/peak_tokens")
+SIM_KEYS = ("sim/step_s", "sim/bubble_frac", "sim/peak_tokens", "sim/peak_memory_gib")

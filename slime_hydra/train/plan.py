@@ -1,16 +1,23 @@
-"""trainer=plan: simulate any cluster layout in one process, from the schedule and a cost model."""
+"""trainer=plan: simulate any cluster layout in one process, from the schedule, a cost model and
+a memory model."""
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
+from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
+from slime_hydra.schedule.cost import ModelDims
+from slime_hydra.schedule.memory import GIB, MemoryModel
 from slime_hydra.schedule.pipeline import simulate_pipeline
 from slime_hydra.train.checks import check_knobs
 from slime_hydra.train.job import Job
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,11 @@ class PlanTrainer:
     """Sustained dense TFLOP/s of one GPU (e.g. ~40% of an H100's bf16 peak)."""
     microbatch_overhead_ms: float = 2.0
     """Fixed forward+backward cost of one micro-batch (launches, small matmuls, p2p set-up)."""
+    memory_limit_gib: float | None = 80.0
+    """GPU memory a step may use per GPU (against sim/peak_memory_gib, schedule/memory.py); a
+    step over it makes the run's objective +inf. 80: an H100's; null: memory is not limited."""
+    use_distributed_optimizer: bool = False
+    """As trainer=gpu's: the optimizer state is sharded over dp × cp (less memory per GPU)."""
 
     def check(self, job: Job) -> None:
         """Plan mode simulates any layout and measures any schedule; only its cost model's
@@ -29,12 +41,15 @@ class PlanTrainer:
             "trainer",
             achieved_tflops=(self.achieved_tflops, 1e-3, None),
             microbatch_overhead_ms=(self.microbatch_overhead_ms, 0.0, None),
+            memory_limit_gib=(self.memory_limit_gib, 1e-3, None),
         )
 
     def run(self, job: Job) -> float:
         """Emit one metrics row per planned step to metrics.jsonl, the logger and the console
         table (plan mode's output, whatever the logger); return the simulated seconds of all
-        steps, +inf if a micro-batch breaks the cap or is empty."""
+        steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
+        needs more than trainer.memory_limit_gib per GPU."""
+        dims = model_dims(job.cfg.model)
         sink = open_sinks(job.cfg.logger, job.run, job.schedule, table=True)
         total = 0.0
         try:
@@ -42,19 +57,38 @@ class PlanTrainer:
                 metrics = {
                     "step": step.step,
                     **job.batch_metrics(step.step),
-                    **self.simulate(job, step),
+                    **self.simulate(job, step, dims),
                 }
                 sink.log(metrics)
                 broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
                 total += math.inf if broken else metrics["sim/step_s"]
+                total += self.memory_penalty(metrics["step"], metrics["sim/peak_memory_gib"])
         finally:
             sink.close()
         return total
 
-    def simulate(self, job: Job, step: StepSchedule) -> dict[str, float | int]:
+    def memory_penalty(self, step: int, peak_gib: float) -> float:
+        """+inf for a step over trainer.memory_limit_gib (it would run out of memory), with a
+        warning that says what lowers it; else 0. +inf, not NaN: the optuna sweeper ranks +inf
+        last and stops the sweep on NaN (hydra issue #2237)."""
+        if self.memory_limit_gib is None or peak_gib <= self.memory_limit_gib:
+            return 0.0
+        log.warning(
+            "Step %d needs %.1f GiB per GPU, over trainer.memory_limit_gib=%s, so the run's "
+            "objective is +inf. Lower batching.max_tokens_per_gpu, raise parallel.tp/pp/cp, set "
+            "trainer.use_distributed_optimizer=true, or trainer.memory_limit_gib=null.",
+            step,
+            peak_gib,
+            self.memory_limit_gib,
+        )
+        return math.inf
+
+    def simulate(self, job: Job, step: StepSchedule, dims: ModelDims) -> dict[str, float | int]:
         """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
-        pipeline stages of all DP ranks over it, and the peak micro-batch tokens per GPU."""
+        pipeline stages of all DP ranks over it, the peak micro-batch tokens per GPU, and the
+        peak memory of the fullest GPU (schedule/memory.py) for a model of these dims."""
         layout, lengths = job.layout, job.schedule.lengths
+        memory = MemoryModel(dims, layout, self.use_distributed_optimizer)
         linear, quadratic = job.flops_coefficients
         # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
         per_s = 3 * self.achieved_tflops * 1e12 * layout.tp * layout.cp
@@ -74,10 +108,12 @@ class PlanTrainer:
         ]
         step_s = max(t.step_s for t in timings)
         busy = sum(sum(t.busy_s) for t in timings)
-        peak = max(t for rank in step.microbatch_tokens(lengths) for t in rank)
+        tokens = step.microbatch_tokens(lengths)
+        peak = max(t for rank in tokens for t in rank)
         return {
             "sim/step_s": step_s,
             "sim/bubble_frac": 1 - busy / (len(timings) * layout.pp * step_s) if step_s else 0.0,
             "sim/peak_tokens": peak // layout.cp,
             "sim/slowest_dp_rank": max(range(len(timings)), key=lambda r: timings[r].step_s),
+            "sim/peak_memory_gib": max(memory.peak_bytes(rank) for rank in tokens) / GIB,
         }
