@@ -19,19 +19,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slime_hydra.partition.base import PartitionError, Parts, align_up
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.partition.greedy import best_fit, descending, first_fit, lpt
 
 PARTNERS = 8  # lightest parts tried per local-search round
 
 
 def min_parts_bound(weights: Sequence[int], cap: int) -> int:
-    """Lower bound on the parts any cap-respecting partition needs.
-
-    ⌈Σw / cap⌉, and one part per item heavier than cap/2 (no two of those fit together).
-    """
-    total = sum(weights)
-    return max(-(-total // cap), sum(1 for w in weights if 2 * w > cap), 1 if weights else 0)
+    """Lower bound on the parts any cap-respecting partition of items (each <= cap) needs:
+    Martello and Toth's L2 (partition.bounds.min_bins_lower_bound), at least ⌈Σw / cap⌉ and
+    one part per item heavier than cap/2."""
+    return min_bins_lower_bound(weights, cap)
 
 
 def _fill_empty(

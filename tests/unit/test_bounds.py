@@ -1,15 +1,18 @@
-"""The lower bound on the largest part: hand-checked values, and never above the optimum."""
+"""The lower bounds on the largest part and on the bin count: hand-checked values, and never
+above the optimum."""
 
 from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import capped_partition, part_sums
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
+from slime_hydra.partition.greedy import first_fit_decreasing
 
 
 @pytest.mark.parametrize(
@@ -62,3 +65,59 @@ def test_the_bound_is_below_what_the_partitioner_reaches(weights, parts):
     parts = min(parts, len(weights))
     got = max(part_sums(capped_partition(weights, 1 << 40, min_parts=parts), weights))
     assert max_part_lower_bound(weights, parts) <= got
+
+
+# --- the bound on the number of bins (Martello-Toth L2) ---
+
+
+def _fewest_bins(sizes: list[int], cap: int) -> int:
+    """The optimum by brute force: the fewest bins of `cap` that hold every item."""
+    for bins in range(1, len(sizes) + 1):
+        for assign in itertools.product(range(bins), repeat=len(sizes) - 1):
+            loads = [0] * bins
+            loads[0] = sizes[0]  # the first item's bin is bin 0 (symmetry)
+            for w, b in zip(sizes[1:], assign, strict=True):
+                loads[b] += w
+            if max(loads) <= cap:
+                return bins
+    return 0
+
+
+@pytest.mark.parametrize(
+    ("sizes", "cap", "bins"),
+    [
+        ([], 10, 0),
+        ([10], 10, 1),
+        # ⌈27 / 10⌉ = 3, and three items over 5: 3 either way.
+        ([9, 9, 9], 10, 3),
+        # Plain bound ⌈30 / 10⌉ = 3; at a = 3 each 8 (over 10 - 3) leaves room 2, so the two
+        # 3s need a bin of their own: 3 + ⌈6 / 10⌉ = 4.
+        ([8, 8, 8, 3, 3], 10, 4),
+        # Plain ⌈32 / 10⌉ = 4, and L2 no more: {8}, {6, 3}, {6, 3}, {3, 3} reaches it.
+        ([8, 6, 6, 3, 3, 3, 3], 10, 4),
+        # Plain ⌈33 / 10⌉ = 4, but each 7 (over 10 - 4) leaves room 3 < 4, so the three 4s
+        # cannot join them: 3 + ⌈12 / 10⌉ = 5.
+        ([7, 7, 7, 4, 4, 4], 10, 5),
+    ],
+)
+def test_hand_computed_bin_bounds(sizes, cap, bins):
+    assert min_bins_lower_bound(sizes, cap) == bins
+
+
+def test_the_bin_bound_refuses_items_over_the_cap():
+    with pytest.raises(ValueError, match="exceeds cap"):
+        min_bins_lower_bound([11], 10)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=7), st.integers(20, 30))
+def test_the_bin_bound_is_between_the_plain_bound_and_the_brute_force_optimum(sizes, cap):
+    plain = max(-(-sum(sizes) // cap), sum(1 for w in sizes if 2 * w > cap))
+    assert plain <= min_bins_lower_bound(sizes, cap) <= _fewest_bins(sizes, cap)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=300), st.integers(1000, 3000))
+def test_the_bin_bound_is_below_what_first_fit_decreasing_needs(sizes, cap):
+    bins = first_fit_decreasing(np.asarray(sizes, dtype=np.int64), cap)
+    assert min_bins_lower_bound(sizes, cap) <= int(bins.max()) + 1
