@@ -73,3 +73,55 @@ def best_fit(weights: Sequence[int], cap: int, k: int, order: Iterable[int]) -> 
         parts[key % k].append(i)
         bisect.insort(keys, key - w * k)
     return parts
+
+
+def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
+    """The bin (0, 1, ...) of each item under first-fit decreasing into bins of `cap`; items
+    must be at most `cap`.
+
+    FFD is built bin by bin: a bin opens with the largest item left and takes, while any fits,
+    the largest item left that fits (the same packing as placing items heaviest first into the
+    first bin with room). The items sit in ascending order; a table gives the last position of
+    each size up to `cap`, and "largest left at or below a position" is a union-find over taken
+    positions, so each item costs near-constant time after the sort: O(n log n + cap), with no
+    list deletions. Ties go to the higher index.
+    """
+    n = len(sizes)
+    order = np.argsort(sizes, kind="stable")
+    asc = sizes[order]
+    # upto[v]: the highest position of an item of size <= v (position 0: "nothing left").
+    upto = np.searchsorted(asc, np.arange(cap + 1), side="right").tolist()
+    asc = [0, *asc.tolist()]
+    below = list(range(n + 1))  # below[p] == p: position p is free; else a lower position
+    placed = [0] * (n + 1)
+
+    def free_at_or_below(p: int) -> int:
+        root = p
+        while below[root] != root:
+            root = below[root]
+        while below[p] != root:
+            below[p], p = root, below[p]
+        return root
+
+    bins = 0
+    top = n
+    while True:
+        top = free_at_or_below(top)
+        if top == 0:
+            break
+        below[top] = top - 1
+        placed[top] = bins
+        room = cap - asc[top]
+        while True:
+            p = upto[room]
+            if below[p] != p:
+                p = free_at_or_below(p)
+            if p == 0:
+                break
+            below[p] = p - 1
+            placed[p] = bins
+            room -= asc[p]
+        bins += 1
+    out = np.empty(n, dtype=np.int64)
+    out[order] = placed[1:]
+    return out

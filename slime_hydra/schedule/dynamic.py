@@ -9,17 +9,25 @@ Two ways to split a step across DP ranks:
   of their own), then pack every rank into the common K, from the lower bound on K upwards;
   for many ranks all at once with numpy (LPT or best-fit decreasing), a rank that does not fit
   that way by the partitioner alone;
-- `pack`: partition the whole step into dp·K cap-safe parts, deal K parts to each rank by
-  equal-count Karmarkar-Karp on part cost, then swap samples between the micro-batches of the
-  heaviest and lightest ranks (within the cap, no micro-batch above the heaviest) until ranks
-  are within a quarter of the tolerance. Its in-order first-fit fallback guarantees it never
-  needs more micro-batches than a pack-first scheduler.
-`auto` (the default) plans `kk` and keeps it when its K is the lower bound on K, its heaviest
-micro-batch is within the partitioner's tolerance of a lower bound on the heaviest micro-batch
-at that K (the mean and the largest sample first, the proven bound of partition.bounds only if
-those are missed), and its ranks are within that tolerance of each other; otherwise it also
-plans `pack` and keeps the better by score: fewer micro-batches, then the worse of micro-batch
-and rank imbalance (within the tolerance counted as equal), then rank imbalance.
+- `pack`: partition the whole step into dp·K cap-safe parts, deal K parts to each rank, even
+  the ranks. First by first-fit decreasing at K = K_lb (its overflow, if a few bins, repacked
+  by minimum bin slack: partition.slack), the parts dealt by split_even; if that is not near
+  the bound, by the partitioner, the parts dealt by equal-count Karmarkar-Karp on part cost,
+  then swaps between the micro-batches of the heaviest and lightest ranks (within the cap, no
+  micro-batch above the heaviest) until ranks are within a quarter of the tolerance. Its
+  in-order first-fit fallback guarantees it never needs more micro-batches than a pack-first
+  scheduler.
+K_lb is one micro-batch per over-cap sample plus Martello-Toth's L2 bound on the bins the rest
+need (partition.bounds), over dp, aligned.
+`auto` (the default) tries the cheap planners first and keeps the first plan near the bound:
+the kk split when numpy fits every rank into K_lb, then the whole-step first-fit decreasing
+(near-full steps, where packing each rank alone needs one micro-batch more), then the full kk
+split and the partitioner's pack. Near the bound means K = K_lb, the heaviest micro-batch
+within the partitioner's tolerance of a lower bound on it at that K (the mean and the largest
+sample first, the proven bound of partition.bounds only if those are missed), and ranks within
+that tolerance of each other. If none is, it keeps the best by score: fewer micro-batches,
+then the worse of micro-batch and rank imbalance (within the tolerance counted as equal), then
+rank imbalance.
 
 Internally a step's samples are numbered 0..n-1 (arrays of sizes and weights); global sample
 indices come back only in the returned micro-batches. FLOPs weights are scaled so that the
@@ -28,7 +36,7 @@ step's costliest sample weighs 2^30 (integers, no overflow, ratios kept).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -40,13 +48,16 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import CappedPartitioner, Partitioner, PartitionError, karmarkar_karp
 from slime_hydra.partition.base import align_up
 from slime_hydra.partition.batched import (
+    descending,
     pack_groups,
     place_spilled,
     split_even,
     worth_batching,
 )
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.partition.capped import refine
+from slime_hydra.partition.greedy import first_fit_decreasing
+from slime_hydra.partition.slack import repack_overflow
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
 
@@ -205,33 +216,45 @@ class DynamicBatching(BatchingStrategy):
             )
         st = _Step(list(samples), sizes, self.weights(sizes), cap)
         k_lb = self._k_lower_bound(st)
-        planners = {DpSplit.kk: self._split_then_pack, DpSplit.pack: self._pack_then_deal}
-        candidates: list[_Plan] = []
+        planned: dict[Callable[[_Step, int], _Plan | None], _Plan] = {}
         failures: list[PartitionError] = []
-        for split in (DpSplit.kk, DpSplit.pack):
-            if self.dp_split not in (DpSplit.auto, split):
-                continue
-            if candidates and self._near_bound(candidates[0], st, k_lb):
-                break
+        for planner in self._planners():
+            if planner == self._split_then_pack and self._quick_split in planned:
+                continue  # the same plan again
             try:
-                candidates.append(planners[split](st, k_lb))
+                plan = planner(st, k_lb)
             except PartitionError as exc:
                 failures.append(exc)
-        if not candidates:
+                continue
+            if plan is None:
+                continue
+            if self._near_bound(plan, st, k_lb):
+                planned = {planner: plan}
+                break
+            planned[planner] = plan
+        if not planned:
             raise self._infeasible(st, k_lb, step, failures[0])
+        candidates = list(planned.values())
         best = candidates[0] if len(candidates) == 1 else _best(candidates, st, self.tolerance)
         return best.nested(np.asarray(st.samples, dtype=np.int64))
 
+    def _planners(self) -> list[Callable[[_Step, int], _Plan | None]]:
+        """The planners `dp_split` tries, in order, until one is near the bound: the cheap ones
+        (the kk split at K_lb without any rank packed alone, the whole-step first-fit
+        decreasing) before the thorough ones."""
+        if self.dp_split is DpSplit.kk:
+            return [self._split_then_pack]
+        if self.dp_split is DpSplit.pack:
+            return [self._fill_then_deal, self._pack_then_deal]
+        quick = [self._quick_split, self._fill_then_deal]
+        return [*quick, self._split_then_pack, self._pack_then_deal]
+
     def _k_lower_bound(self, st: _Step) -> int:
-        """metrics.microbatch_lower_bound on arrays: fewest micro-batches per rank."""
-        cap = st.cap
-        over = int(st.over.sum())
-        by_tokens = over + -(-int(st.sizes[~st.over].sum()) // cap)
-        by_halves = int((2 * st.sizes > cap).sum())
+        """Fewest micro-batches per rank: one per over-cap sample plus Martello-Toth's L2 on
+        the rest (partition.bounds.min_bins_lower_bound), over dp, aligned."""
+        bins = int(st.over.sum()) + min_bins_lower_bound(st.sizes[~st.over], st.cap)
         dp = self.layout.dp
-        return align_up(
-            max(-(-max(by_tokens, by_halves) // dp), 1), self.layout.microbatch_alignment
-        )
+        return align_up(max(-(-bins // dp), 1), self.layout.microbatch_alignment)
 
     def _infeasible(
         self, st: _Step, k_lb: int, step: int, failure: PartitionError
@@ -331,8 +354,51 @@ class DynamicBatching(BatchingStrategy):
         even_ranks(ranks, st.size_list, weights, st.cap, self.tolerance / 4)
         return _Plan.of(ranks)
 
-    def _split_then_pack(self, st: _Step, k_lb: int) -> _Plan:
-        """Deal samples to ranks in rounds, then pack every rank into a common K."""
+    def _fill_then_deal(self, st: _Step, k: int) -> _Plan | None:
+        """dp·K micro-batches by first-fit decreasing over the whole step (over-cap samples
+        alone; a few bins too many repaired by partition.slack.repack_overflow), dealt K to
+        each rank by partition.batched.split_even on their weights; None if that needs more
+        bins or the step has too few samples. The near-full case: the bins are nearly full,
+        so they are balanced already, and packing the step whole reaches K where packing
+        each rank alone needs one more."""
+        dp = self.layout.dp
+        over = np.flatnonzero(st.over)
+        normal = np.flatnonzero(~st.over)
+        bins = dp * k - over.size
+        if bins < 1 or normal.size < bins:
+            return None
+        bin_of = repack_overflow(
+            st.sizes[normal], st.cap, first_fit_decreasing(st.sizes[normal], st.cap), bins
+        )
+        if bin_of is None:
+            return None
+        counts = np.bincount(bin_of, minlength=bins)
+        if not counts.all():  # the heaviest samples not first in their bin fill empty bins
+            first = np.zeros(normal.size, dtype=bool)
+            first[np.unique(bin_of, return_index=True)[1]] = True
+            movable = np.flatnonzero(~first)
+            empty = np.flatnonzero(counts == 0)
+            movable = movable[descending(st.weights[normal[movable]])][: empty.size]
+            bin_of[movable] = empty
+        local = np.concatenate((normal, over))
+        bin_of = np.concatenate((bin_of, np.arange(bins, bins + over.size)))
+        bin_w = np.bincount(bin_of, weights=st.weights[local]).astype(np.int64)
+        deal = split_even(bin_w, dp, self.tolerance / 4)
+        rank_of = np.empty(dp * k, dtype=np.int64)
+        slot_of = np.empty(dp * k, dtype=np.int64)
+        rank_of[deal] = np.arange(dp)[None, :]
+        slot_of[deal] = np.arange(k)[:, None]
+        key = rank_of[bin_of] * k + slot_of[bin_of]
+        return self._finish(key, local, st, k, 0)
+
+    def _quick_split(self, st: _Step, k_lb: int) -> _Plan | None:
+        """The kk split where every rank fits K_lb with numpy alone
+        (`_pack_ranks_together` without ranks packed one by one); None otherwise."""
+        return self._split_then_pack(st, k_lb, quick=True)
+
+    def _split_then_pack(self, st: _Step, k_lb: int, quick: bool = False) -> _Plan | None:
+        """Deal samples to ranks in rounds, then pack every rank into a common K; with
+        `quick`, only where the numpy path fits every rank at K_lb (else None)."""
         dp = self.layout.dp
         g = self.layout.microbatch_alignment
         cols = split_even(st.weights, dp, self.tolerance / 4)
@@ -345,7 +411,9 @@ class DynamicBatching(BatchingStrategy):
             and worth_batching(dp, cols.shape[0], k_lb)
         )
         if fast:
-            return self._pack_ranks_together(cols, st, k_lb, floor)
+            return self._pack_ranks_together(cols, st, k_lb, floor, quick)
+        if quick:
+            return None
         rank_ids = [[j for j in col if j >= 0] for col in cols.T.tolist()]
         packed = [self._pack(ids, st, g, 1, floor) for ids in rank_ids]
         k = max(len(mbs) for mbs in packed)
@@ -357,11 +425,13 @@ class DynamicBatching(BatchingStrategy):
             k = max(len(mbs) for mbs in packed)
         return _Plan.of(packed)
 
-    def _pack_ranks_together(self, cols: np.ndarray, st: _Step, k: int, floor: int) -> _Plan:
+    def _pack_ranks_together(
+        self, cols: np.ndarray, st: _Step, k: int, floor: int, quick: bool = False
+    ) -> _Plan | None:
         """Every rank into the same K parts at once (partition.batched.pack_groups); a rank
-        that neither LPT nor best-fit fits goes to the partitioner alone, and K rises (in
-        steps of the VPP alignment) until every rank fits. Ranks whose heaviest part is above
-        the tolerance of the bound are then refined one by one."""
+        that neither LPT nor best-fit fits goes to the partitioner alone (with `quick`: None
+        instead), and K rises (in steps of the VPP alignment) until every rank fits. Ranks
+        whose heaviest part is above the tolerance of the bound are then refined one by one."""
         g = self.layout.microbatch_alignment
         dp = self.layout.dp
         cap = st.cap
@@ -393,6 +463,8 @@ class DynamicBatching(BatchingStrategy):
                 ok &= ~((part < 0) & valid).any(0)
                 placed = cols, np.maximum(part, 0)
             new_cols, new_part = placed
+            if quick and not ok.all():
+                return None
             alone: dict[int, list[list[int]]] = {}
             need = k
             for r in np.flatnonzero(~ok).tolist():
@@ -415,9 +487,7 @@ class DynamicBatching(BatchingStrategy):
         k: int,
         floor: int,
     ) -> _Plan:
-        """The plan from the part matrix (and the ranks packed alone), after refining the ranks
-        whose heaviest part is above (1 + tolerance) × a lower bound on the step's heaviest
-        part at dp·K: the largest sample and the mean first, the proven bound if missed."""
+        """The plan from the part matrix (and the ranks packed alone), refined by `_finish`."""
         dp = self.layout.dp
         if alone:  # those ranks' columns: their parts from the partitioner, in order
             cols = cols.copy()
@@ -430,7 +500,14 @@ class DynamicBatching(BatchingStrategy):
                 part[: len(members), r] = where_
         valid = cols >= 0
         key = (np.arange(dp) * k)[None, :] + part
-        key, local = key[valid], cols[valid]
+        return self._finish(key[valid], cols[valid], st, k, floor)
+
+    def _finish(self, key: np.ndarray, local: np.ndarray, st: _Step, k: int, floor: int) -> _Plan:
+        """The plan of samples `local` in micro-batches `key` (rank·K + slot), after refining
+        the ranks whose heaviest part is above (1 + tolerance) × a lower bound on the step's
+        heaviest part at dp·K: the largest sample and the mean first, the proven bound if
+        missed."""
+        dp = self.layout.dp
         order = np.lexsort((local, key))
         counts = np.bincount(key, minlength=dp * k).reshape(dp, k)
         plan = _Plan(local[order], counts)
