@@ -87,8 +87,8 @@ def run(cfg: DictConfig) -> float | None:
     """Lock the run dir, plan, let the run dir and the trainer refuse what they cannot take,
     and only then write the run dir and train: a refused run leaves the dir as it was. The
     trainer logs through `log.sinks.open_sinks` where its metrics are (this process for plan,
-    rank 0's worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: simulated
-    s)."""
+    rank 0's worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: the
+    simulated seconds, +inf for a step that breaks the cap or trainer.memory_limit_gib)."""
     info = run_info(cfg)
     # Under torchrun every rank plans; rank 0 alone owns (locks, checks, writes) the run dir.
     owner = is_rank_zero()

@@ -167,6 +167,7 @@ def test_an_added_key_nothing_reads_is_an_error(compose_cfg, override, needle):
         ({"achieved_tflops": 0.0}, "trainer.achieved_tflops=0.0"),
         ({"achieved_tflops": -1.0}, "trainer.achieved_tflops=-1.0"),
         ({"microbatch_overhead_ms": float("nan")}, "trainer.microbatch_overhead_ms=nan"),
+        ({"memory_limit_gib": 0.0}, "trainer.memory_limit_gib=0.0"),
     ],
 )
 def test_plan_cost_model_knobs_must_be_positive(kwargs, needle):
