@@ -207,9 +207,10 @@ def sequence_flops(lengths: Iterable[int], coefficients: tuple[int, int]) -> int
 
 
 def step_flops(schedule: Mapping[str, Any], step: int, coefficients: tuple[int, int]) -> int:
-    """Model FLOPs of one step of a run's schedule.json (every sample of every rank)."""
+    """Model FLOPs of metrics.jsonl's step `step` (counted from 1) in a run's schedule.json
+    (whose `step` is the 0-based index): every sample of every rank."""
     lengths = schedule["lengths"]
-    entry = next(s for s in schedule["steps"] if s["step"] == step)
+    entry = next(s for s in schedule["steps"] if s["step"] == step - 1)
     samples = [i for rank in entry["ranks"] for mb in rank for i in mb]
     return sequence_flops((lengths[i] for i in samples), coefficients)
 
@@ -265,7 +266,7 @@ def summarize_run(
 def compare_losses(
     gpu_rows: Sequence[Mapping[str, Any]],
     cpu_rows: Sequence[Mapping[str, Any]],
-    steps: Sequence[int] = (0, 1),
+    steps: Sequence[int] = (1, 2),
     rtol: float = LOSS_RTOL,
     grad_rtol: float = GRAD_NORM_RTOL,
 ) -> dict[str, Any]:

@@ -1,9 +1,10 @@
 """metrics.jsonl: one JSON object per step, flushed as it goes so a crash loses nothing logged.
 
-Each step is in the file exactly once: a sink that starts at step k (a resume or an elastic
-restart from a checkpoint after k steps) first rewrites the file to the rows of steps before k,
-which the run is not going to log again. A torn last line (a process killed mid-write) is
-dropped with a warning; a bad line anywhere else is an error that names it.
+Each step is in the file exactly once: a sink opened after k steps are done (a resume or an
+elastic restart from the checkpoint after step k, so the run logs steps k+1, k+2, ...; steps
+count from 1) first rewrites the file to the rows of steps 1..k, which it will not log again.
+A torn last line (a process killed mid-write) is dropped with a warning; a bad line anywhere
+else is an error that names it.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from slime_hydra.log.sink import Metrics
 log = logging.getLogger(__name__)
 
 
-def rows_before(path: Path, start_step: int) -> list[str]:
-    """The lines of `path` for steps before `start_step` (the last of any repeated step), in
-    step order; a torn last line is skipped. No file: no rows."""
+def rows_done(path: Path, steps_done: int) -> list[str]:
+    """The lines of `path` for steps 1..`steps_done` (the last of any repeated step), in step
+    order; a torn last line is skipped. No file: no rows."""
     path = Path(path)
     if not path.is_file():
         return []
@@ -45,18 +46,18 @@ def rows_before(path: Path, start_step: int) -> list[str]:
                 "line, so the steps it holds cannot be trusted. Repair or remove that line, or "
                 "start a new run dir."
             ) from None
-        if step < start_step:
+        if step <= steps_done:
             by_step[step] = line
     return [by_step[s] for s in sorted(by_step)]
 
 
 class JsonlSink:
     """Writes each step's metrics as one line of JSON to `path`, after keeping only the rows of
-    steps before `start_step` that the file already holds."""
+    steps 1..`steps_done` that the file already holds."""
 
-    def __init__(self, path: str | Path, start_step: int = 0) -> None:
+    def __init__(self, path: str | Path, steps_done: int = 0) -> None:
         self.path = Path(path)
-        kept = rows_before(self.path, start_step)
+        kept = rows_done(self.path, steps_done)
         if kept or self.path.exists():
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text("".join(f"{line}\n" for line in kept))

@@ -21,15 +21,15 @@ def open_sinks(
     logger: DictConfig,
     run: RunInfo,
     schedule: Schedule | None = None,
-    start_step: int = 0,
+    steps_done: int = 0,
     table: bool = False,
 ) -> FanOut:
-    """metrics.jsonl in the run dir (kept up to `start_step`, the first step this run logs),
+    """metrics.jsonl in the run dir (its rows of the `steps_done` steps before this run kept),
     then the `logger` node's sink, built with the run and the schedule it logs (a sink such as
     wandb's draws each step's micro-batches from it); with `table`, the console table too,
     whatever the logger (once, when the logger is the console)."""
     sinks = [
-        JsonlSink(run.run_dir / "metrics.jsonl", start_step),
+        JsonlSink(run.run_dir / "metrics.jsonl", steps_done),
         build(logger, run=run, schedule=schedule),
     ]
     if table and not isinstance(sinks[-1], ConsoleSink):

@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from slime_hydra.log.sink import Metrics, RunInfo
+from slime_hydra.log.sink import Metrics, RunInfo, step_index
 from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule, breaks_cap
 
@@ -121,9 +121,9 @@ class WandbSink:
             return
         try:
             row = dict(metrics)
-            step = metrics["step"]
-            if self._schedule is not None and step < len(self._schedule.steps):
-                tokens = [t for rank in self._schedule.microbatch_tokens(step) for t in rank]
+            index = step_index(metrics["step"])
+            if self._schedule is not None and 0 <= index < len(self._schedule.steps):
+                tokens = [t for rank in self._schedule.microbatch_tokens(index) for t in rank]
                 row["batch/mb_tokens"] = self._wandb.Histogram(tokens)
             self._run.log(row)
         except Exception as exc:
@@ -158,11 +158,11 @@ class WandbSink:
         cap = self._schedule.cap
         rows = []
         for metrics in self._rows:
-            step = metrics["step"]
-            if step >= len(self._schedule.steps):
+            step, index = metrics["step"], step_index(metrics["step"])
+            if not 0 <= index < len(self._schedule.steps):
                 continue
-            ranks = self._schedule.steps[step].ranks
-            for r, rank_tokens in enumerate(self._schedule.microbatch_tokens(step)):
+            ranks = self._schedule.steps[index].ranks
+            for r, rank_tokens in enumerate(self._schedule.microbatch_tokens(index)):
                 for m, tokens in enumerate(rank_tokens):
                     samples = len(ranks[r][m])
                     rows.append(

@@ -9,6 +9,7 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.sink import step_number
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule
 
 
@@ -56,12 +57,12 @@ def check_vpp(layout: ParallelLayout, schedule: Schedule) -> None:
         m = st.num_microbatches
         if not pp <= group <= m or 0 < m % group < pp:
             raise SlimeHydraError(
-                f"step {st.step}: {m} micro-batches per rank with parallel.pp={pp} and "
-                f"parallel.microbatch_group_size_per_vp_stage={group}; megatron-core's "
-                "interleaved schedule needs pp ≤ group ≤ micro-batches and micro-batches % group "
-                "equal to 0 or ≥ pp. Lower parallel.microbatch_group_size_per_vp_stage, lower "
-                "batching.max_tokens_per_gpu (more micro-batches), or raise "
-                "batching.global_batch_size."
+                f"step {step_number(st.step)}: {m} micro-batches per rank with "
+                f"parallel.pp={pp} and parallel.microbatch_group_size_per_vp_stage={group}; "
+                "megatron-core's interleaved schedule needs pp ≤ group ≤ micro-batches and "
+                "micro-batches % group equal to 0 or ≥ pp. Lower "
+                "parallel.microbatch_group_size_per_vp_stage, lower batching.max_tokens_per_gpu "
+                "(more micro-batches), or raise batching.global_batch_size."
             )
 
 
@@ -73,21 +74,24 @@ def check_trainable(schedule: Schedule, strategy: BatchingStrategy) -> None:
                 if not mb:
                     raise SlimeHydraError(
                         f"batching={strategy.name} left micro-batch {m} of DP rank {r} empty "
-                        f"at step {st.step} (slime issue #1838), which training cannot run; "
-                        "trainer=plan measures this preset, or use batching=dynamic to train."
+                        f"at step {step_number(st.step)} (slime issue #1838), which training "
+                        "cannot run; trainer=plan measures this preset, or use "
+                        "batching=dynamic to train."
                     )
 
 
 def check_steps(
     num_steps: int, save_interval: int | None, max_steps: int | None, fail_at_step: int | None
 ) -> None:
-    """Step counts in the trainer config must be positive and inside the run."""
+    """Step counts in the trainer config must be positive, and a step number (counted from 1)
+    one of the run's steps 1..num_steps."""
     for name, value in (("save_interval", save_interval), ("max_steps", max_steps)):
         if value is not None and value < 1:
             raise SlimeHydraError(f"trainer.{name}={value} must be a positive number of steps.")
-    if fail_at_step is not None and not 0 <= fail_at_step < num_steps:
+    if fail_at_step is not None and not 1 <= fail_at_step <= num_steps:
         raise SlimeHydraError(
-            f"trainer.fail_at_step={fail_at_step} is outside the run's steps [0, {num_steps})."
+            f"trainer.fail_at_step={fail_at_step} is not one of the run's steps 1..{num_steps} "
+            "(steps count from 1): set trainer.fail_at_step to one of them, or to null."
         )
 
 

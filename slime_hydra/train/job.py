@@ -30,10 +30,10 @@ class Job:
     flops_coefficients: tuple[float, float]
     iterator: Callable[..., MicrobatchIterator]
 
-    def batch_metrics(self, step: int) -> dict[str, float | int | None]:
-        """The batch/* metrics of one step of the schedule."""
+    def batch_metrics(self, index: int) -> dict[str, float | int | None]:
+        """The batch/* metrics of the schedule's step `index` (0-based)."""
         return step_metrics(
-            self.schedule.steps[step],
+            self.schedule.steps[index],
             self.schedule.lengths,
             self.schedule.cap,
             self.layout,

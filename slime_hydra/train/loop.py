@@ -1,5 +1,8 @@
 """The step loop every rank runs: fault injection, one engine step per scheduled step,
-metrics and a progress line on rank 0, checkpoints on the save interval and at the end."""
+metrics and a progress line on rank 0, checkpoints on the save interval and at the end.
+
+The schedule's steps are 0-indexed; everything users see counts from 1 (log/sink.step_number):
+step k of N in metrics and the console, the checkpoint after step k named k, trainer.* steps."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checks import model_dims
-from slime_hydra.log.sink import Sink
+from slime_hydra.log.sink import Sink, step_number
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.train import checkpoint
 from slime_hydra.train.engine import MegatronEngine, StepResult
@@ -30,9 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def microbatches(job: Job, step: int) -> MicrobatchIterator:
-    """This rank's micro-batches of `step`: the `iterator` config's object, completed."""
-    return rank_microbatches(job.iterator, job.rollout, job.schedule.steps[step])
+def microbatches(job: Job, index: int) -> MicrobatchIterator:
+    """This rank's micro-batches of the schedule's step `index`: the `iterator` config's
+    object, completed."""
+    return rank_microbatches(job.iterator, job.rollout, job.schedule.steps[index])
 
 
 def rank_microbatches(
@@ -44,7 +48,7 @@ def rank_microbatches(
     return iterator(
         rollout,
         step.ranks[dp_rank],
-        step=step.step,
+        step=step_number(step.step),
         dp_rank=dp_rank,
         tp_size=parallel_state.get_tensor_model_parallel_world_size(),
         cp_size=parallel_state.get_context_parallel_world_size(),
@@ -57,17 +61,18 @@ def run_steps(
     trainer: CpuTrainer,
     job: Job,
     env: TorchrunEnv,
-    start: int,
+    steps_done: int,
     sink: Sink | None,
     counters: dict[str, int] | None = None,
 ) -> None:
-    """Train steps start..num_steps-1; `sink` is rank 0's (None elsewhere); `counters` are the
-    loop's counts saved with the checkpoint it resumes from."""
+    """Train steps steps_done+1..num_steps (counted from 1); `sink` is rank 0's (None
+    elsewhere); `counters` are the loop's counts saved with the checkpoint it resumes from."""
     counters = {"skipped_steps": 0, **(counters or {})}
     num_steps = trainer.num_steps(job)
     digest = checkpoint.schedule_digest(job.schedule)
     begun = time.perf_counter()
-    for step in range(start, num_steps):
+    for index in range(steps_done, num_steps):
+        step = step_number(index)
         if (
             step == trainer.fail_at_step
             and env.restart_count == 0
@@ -78,12 +83,12 @@ def run_steps(
             )
             os._exit(1)
         tic = time.perf_counter()
-        result = engine.train_step(microbatches(job, step))
+        result = engine.train_step(microbatches(job, index))
         step_s = time.perf_counter() - tic
         if step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
         if sink is not None:
-            tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[step].samples)
+            tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
             sink.log(
                 {
                     "step": step,
@@ -91,14 +96,13 @@ def run_steps(
                     "train/skipped_steps": counters["skipped_steps"],
                     "perf/step_s": step_s,
                     "perf/tokens_per_s": tokens / step_s,
-                    **job.batch_metrics(step),
+                    **job.batch_metrics(index),
                 }
             )
-            done = step + 1 - start
-            eta = (time.perf_counter() - begun) / done * (num_steps - step - 1)
+            eta = (time.perf_counter() - begun) / (step - steps_done) * (num_steps - step)
             log.info(
                 "step %d/%d  loss %.4f  grad_norm %.3f  %.2f s  %.0f tok/s  eta %.0f s",
-                step + 1,
+                step,
                 num_steps,
                 result.loss,
                 result.grad_norm,
@@ -106,9 +110,8 @@ def run_steps(
                 tokens / step_s,
                 eta,
             )
-        last = step + 1 == num_steps
-        if last or (trainer.save_interval and (step + 1) % trainer.save_interval == 0):
-            save(engine, job, env, step + 1, digest, counters)
+        if step == num_steps or (trainer.save_interval and step % trainer.save_interval == 0):
+            save(engine, job, env, step, digest, counters)
 
 
 def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) -> bool:
@@ -127,7 +130,7 @@ def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) 
     root = checkpoint.checkpoint_root(job.run.run_dir)
     last = checkpoint.latest_step(job.run.run_dir)
     kept = (
-        f"the last good checkpoint is after step {last - 1} ({root}; trainer.resume=true "
+        f"the last good checkpoint is after step {last} ({root}; trainer.resume=true "
         "continues from it)"
         if last
         else "no checkpoint was saved before it"
@@ -158,8 +161,9 @@ def save(
     digest: str,
     counters: dict[str, int] | None = None,
 ) -> None:
-    """Every rank saves its state; once all have, rank 0 marks the checkpoint as the latest;
-    with trainer.export_hf, all ranks then write <run dir>/hf/ together."""
+    """Every rank saves its state after step `steps_done`; once all have, rank 0 marks the
+    checkpoint as the latest; with trainer.export_hf, all ranks then write <run dir>/hf/
+    together."""
     run_dir = job.run.run_dir
     checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, counters)
     dist.barrier()
@@ -167,7 +171,7 @@ def save(
         checkpoint.mark_latest(run_dir, steps_done)
         log.info(
             "Saved checkpoint after step %d in %s",
-            steps_done - 1,
+            steps_done,
             checkpoint.checkpoint_root(run_dir),
         )
     if job.cfg.trainer.get("export_hf"):
@@ -175,4 +179,4 @@ def save(
 
         export_hf(engine.chunks, model_dims(job.cfg.model), run_dir / "hf")
         if env.rank == 0:
-            log.info("Exported the model after step %d to %s", steps_done - 1, run_dir / "hf")
+            log.info("Exported the model after step %d to %s", steps_done, run_dir / "hf")

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 
 from slime_hydra.hf.checks import model_dims
+from slime_hydra.log.sink import step_number
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
@@ -55,7 +56,7 @@ class PlanTrainer:
         try:
             for step in job.schedule.steps:
                 metrics = {
-                    "step": step.step,
+                    "step": step_number(step.step),
                     **job.batch_metrics(step.step),
                     **self.simulate(job, step, dims),
                 }

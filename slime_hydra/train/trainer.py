@@ -54,13 +54,15 @@ class CpuTrainer:
     max_steps: int | None = None
     """Train only the first max_steps steps of the schedule; null means all of them."""
     save_interval: int | None = None
-    """Checkpoint every save_interval steps (and always after the last step)."""
+    """Checkpoint after every step k that is a multiple of save_interval (its dir is named k,
+    steps counting from 1), and always after the last step."""
     resume: bool = False
     """Continue from the run dir's last checkpoint (pass the same hydra.run.dir)."""
     max_restarts: int = 0
     """Times the elastic launcher restarts failed workers; they resume from the last checkpoint."""
     fail_at_step: int | None = None
-    """Fault injection for tests: the last rank exits at the start of this step, first attempt."""
+    """Fault injection for tests: the last rank exits at the start of this step (counted from 1,
+    as in metrics.jsonl), first attempt only."""
     skip_nonfinite: bool = False
     """A step whose loss or gradient norm is not finite stops the run (the last checkpoint is
     kept); true: a step the optimizer skipped is skipped and counted in train/skipped_steps."""

@@ -97,21 +97,19 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
     return engine
 
 
-def start_step(
+def steps_done(
     trainer: CpuTrainer, job: Job, env: TorchrunEnv, engine: MegatronEngine
 ) -> tuple[int, dict[str, int]]:
-    """0 for a fresh run; the saved step count on resume or after an elastic restart, with the
-    step loop's counters (e.g. skipped steps) as saved."""
+    """0 for a fresh run; the saved step count on resume or after an elastic restart (the run
+    goes on with the next step), with the step loop's counters (e.g. skipped steps) as saved."""
     run_dir = job.run.run_dir
     if not (trainer.resume or env.restart_count) or checkpoint.latest_step(run_dir) is None:
         return 0, {}
     digest = checkpoint.schedule_digest(job.schedule)
-    steps_done, counters = checkpoint.load(
-        run_dir, env.rank, engine.model, engine.optimizer, digest
-    )
+    done, counters = checkpoint.load(run_dir, env.rank, engine.model, engine.optimizer, digest)
     if env.rank == 0:
-        log.info("Resuming after step %d (restart %d)", steps_done - 1, env.restart_count)
-    return steps_done, counters
+        log.info("Resuming after step %d (restart %d)", done, env.restart_count)
+    return done, counters
 
 
 @record
@@ -129,15 +127,15 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         check_same_run_dir(job)
         seed_everything(job.cfg.seed)
         engine = build_engine(trainer, job)
-        start, counters = start_step(trainer, job, env, engine)
+        done, counters = steps_done(trainer, job, env, engine)
         sink = None
-        if env.rank == 0:  # metrics.jsonl keeps the rows before `start`: each step once
-            sink = open_sinks(job.cfg.logger, job.run, job.schedule, start)
+        if env.rank == 0:  # metrics.jsonl keeps the rows of the steps done: each step once
+            sink = open_sinks(job.cfg.logger, job.run, job.schedule, done)
         # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()
         try:
-            run_steps(engine, trainer, job, env, start, sink, counters)
+            run_steps(engine, trainer, job, env, done, sink, counters)
         finally:
             if sink is not None:
                 close_sink(sink)

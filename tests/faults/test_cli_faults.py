@@ -21,7 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-
 def cli(*overrides: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
     cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *overrides]
@@ -47,7 +46,7 @@ def test_a_second_plan_into_the_same_dir_is_refused_and_changes_nothing(tmp_path
     out = cli("trainer=plan", "logger=jsonl", "parallel.dp=2", f"hydra.run.dir={tmp_path}")
     refused(out, "already holds a run", "hydra.run.dir")
     assert_untouched(before, tmp_path)
-    assert steps(tmp_path) == [0, 1, 2, 3]
+    assert steps(tmp_path) == [1, 2, 3, 4]
 
 
 def test_a_second_sweep_into_the_same_sweep_dir_leaves_the_first_whole(tmp_path):
@@ -74,10 +73,14 @@ def test_a_run_into_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Two steps on two CPU ranks, a checkpoint after each."""
+    """Two steps on two CPU ranks, a checkpoint after each (named by the steps done)."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.max_steps=2", "trainer.save_interval=1")
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == ["step_000001", "step_000002"]
+    assert (run_dir / "checkpoints/latest").read_text() == "2\n"
+    assert steps(run_dir) == [1, 2]
     return run_dir
 
 
@@ -133,13 +136,14 @@ def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
 
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
     metrics = run_dir / "metrics.jsonl"
-    metrics.write_text(metrics.read_text() + '{"step": 2, "train/lo')  # killed mid-write
+    metrics.write_text(metrics.read_text() + '{"step": 3, "train/lo')  # killed mid-write
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true", "trainer.lr=0.002")
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "trainer.lr: 0.001 → 0.002" in text and "torn last line" in text
+    assert "Resuming after step 2 " in text and "step 3/4" in text and "step 2/4" not in text
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["train/lr"] for r in rows] == [0.001, 0.001, 0.002, 0.002]
 
 
@@ -147,6 +151,8 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
     out = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.lr=1e30", "trainer.save_interval=1")
     refused(out, "is not finite", "trainer.skip_nonfinite=true", "failed on rank 0")
     text = out.stdout + out.stderr
-    bad = int(text.split("): step ")[1].split(":")[0])
-    assert (tmp_path / "checkpoints/latest").read_text().strip() == str(bad)
-    assert steps(tmp_path) == list(range(bad))
+    bad = int(text.split("): step ")[1].split(":")[0])  # steps count from 1
+    assert bad >= 2  # step 1's loss is finite; its huge update breaks a later one
+    assert f"the last good checkpoint is after step {bad - 1} " in text
+    assert (tmp_path / "checkpoints/latest").read_text().strip() == str(bad - 1)
+    assert steps(tmp_path) == list(range(1, bad))

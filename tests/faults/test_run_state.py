@@ -39,7 +39,7 @@ def run_dir(tmp_path: Path) -> Path:
     (d / "checkpoints/step_000002").mkdir(parents=True)
     (d / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
     (d / "schedule.json").write_text('{"lengths": [1], "cap": null, "steps": []}')
-    (d / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    (d / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (d / "checkpoints/latest").write_text("2\n")
     return d
 
@@ -112,18 +112,20 @@ def test_a_second_process_cannot_take_the_lock_and_learns_the_holder(run_dir):
 
 def test_metrics_keep_each_step_once_and_tolerate_a_torn_last_line(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n{"step": 1}\n{"step": 3, "train/lo')
-    JsonlSink(path, start_step=2).close()
-    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [0, 1]
+    rows = [{"step": 1, "x": 1}, {"step": 2, "x": 2}, {"step": 3}, {"step": 2, "x": "again"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 4, "train/lo')
+    JsonlSink(path, steps_done=2).close()  # a run resumed after step 2 logs 3, 4, ...
+    kept = [json.loads(x) for x in path.read_text().splitlines()]
+    assert kept == [{"step": 1, "x": 1}, {"step": 2, "x": "again"}]  # the last row of step 2
     assert "torn last line" in caplog.text
 
 
 def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text('{"step": 0}\n{"st\n{"step": 2}\n')
+    path.write_text('{"step": 1}\n{"st\n{"step": 2}\n')
     before = snapshot(tmp_path)
     with pytest.raises(SlimeHydraError, match=r"metrics.jsonl:2: not a metrics row"):
-        JsonlSink(path, start_step=2)
+        JsonlSink(path, steps_done=2)
     assert_untouched(before, tmp_path)
 
 
@@ -214,9 +216,9 @@ def test_a_finite_step_counts(tmp_path):
 
 @pytest.mark.parametrize("values", [(float("nan"), 1.0), (0.5, float("inf")), (0.5, None)])
 def test_a_non_finite_step_stops_naming_the_step_and_the_kept_checkpoint(tmp_path, values):
-    saved(tmp_path)
+    saved(tmp_path)  # the checkpoint after 2 steps: named 2, resumed at step 3
     before = snapshot(tmp_path)
-    with pytest.raises(SlimeHydraError, match=r"step 7: .*not finite.*after step 1") as err:
+    with pytest.raises(SlimeHydraError, match=r"step 7: .*not finite.*after step 2 ") as err:
         step_skipped(result(*values), 7, False, job_in(tmp_path))
     assert "trainer.skip_nonfinite=true" in str(err.value)
     assert_untouched(before, tmp_path)

@@ -34,8 +34,8 @@ RANK0 = textwrap.dedent(
     raise_on_sigterm()
     sink = FanOut([SignalOnClose(), WandbSink(RunInfo(Path(sys.argv[1]), {}, "run", None, "cpu"))])
     try:
-        for step in range(3):
-            sink.log({"step": step, "train/loss": 1.0 / (step + 1)})
+        for step in range(1, 4):
+            sink.log({"step": step, "train/loss": 1.0 / step})
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher stops this rank mid-step
         time.sleep(60)
     finally:
@@ -59,7 +59,7 @@ def test_a_stopped_rank_0_closes_wandb_with_every_step_it_logged(tmp_path: Path)
     assert out.returncode != -signal.SIGTERM
     (path,) = wandb_files(tmp_path)
     run = read_run(path)
-    assert [row["step"] for row in run.history] == [0, 1, 2]
+    assert [row["step"] for row in run.history] == [1, 2, 3]
     # close() ran to its end: the run summary (written by close, 3 steps) and the exit record.
     assert run.summary["summary/steps"] == 3
     assert run.exited

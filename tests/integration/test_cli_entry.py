@@ -38,7 +38,7 @@ def test_the_console_script_runs_from_any_directory(tmp_path):
     assert out.returncode == 0, out.stderr
     # debug=default: one step of 8 samples.
     rows = (run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(r)["step"] for r in rows] == [0]
+    assert [json.loads(r)["step"] for r in rows] == [1]
     assert len(json.loads((run_dir / "schedule.json").read_text())["lengths"]) == 8
     # One log file, named after the app, not after the module Hydra was started from.
     assert (run_dir / "slime_hydra.log").is_file()

@@ -29,7 +29,10 @@ def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
     assert (tmp_path / "config.yaml").read_text().count("max_tokens_per_gpu: 6000") == 1
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     doc = json.loads((tmp_path / "schedule.json").read_text())
-    assert [r["step"] for r in rows] == [s["step"] for s in doc["steps"]] == [0, 1, 2, 3]
+    # schedule.json lists the steps in order (its `step` is the 0-based index); users count
+    # steps from 1 (metrics, wandb, console).
+    assert [s["step"] for s in doc["steps"]] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     lengths, cap = doc["lengths"], doc["cap"]
     assert cap == 6000 and len(lengths) == 512
     seen = []
@@ -53,7 +56,7 @@ def test_plan_mode_prints_its_table_whatever_the_logger(tmp_path):
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     header, *rows = [line.split() for line in lines if not line.startswith("[")]  # "[time]" logs
     assert header[:3] == ["step", "mbs", "lb"] and "sim_s" in header
-    assert [row[0] for row in rows] == ["0", "1", "2", "3"]
+    assert [row[0] for row in rows] == ["1", "2", "3", "4"]
 
 
 def test_multirun_gives_one_run_dir_per_job(tmp_path):

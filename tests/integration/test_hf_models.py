@@ -133,7 +133,7 @@ def test_text_rollouts_train_end_to_end_and_lr0_exports_the_input(tmp_path, ckpt
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     assert all(r["train/grad_norm"] > 0 for r in rows)
     export = run_dir / "hf"
     assert_same_weights(ckpts["tied"], export)

@@ -53,7 +53,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     run_dir = tmp_path_factory.mktemp("reference")
     ok(run_cli(run_dir, *SMALL))
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     return rows
 
 
@@ -66,7 +66,8 @@ def test_default_command_trains_tiny_model_on_two_ranks(tmp_path: Path) -> None:
     out = ok(run_cli(tmp_path, timeout=300))
     rows = metrics(tmp_path)
     assert "Launching 2 gloo workers" in out
-    assert [r["step"] for r in rows] == list(range(len(rows))) and len(rows) >= 3
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3
+    assert f"step {len(rows)}/{len(rows)} " in out
     assert all(math.isfinite(x) for x in losses(rows))
     assert losses(rows)[-1] < losses(rows)[0]
     for key in (
@@ -101,7 +102,7 @@ def test_tensor_parallel_two_ranks_matches_data_parallel(
 ) -> None:
     ok(run_cli(tmp_path, *SMALL, "parallel.dp=1", "parallel.tp=2", "trainer.max_steps=2"))
     rows = metrics(tmp_path)
-    assert [r["step"] for r in rows] == [0, 1]
+    assert [r["step"] for r in rows] == [1, 2]
     # Same seed, same weights (split over 2 TP ranks), the same global batch: the same losses.
     assert losses(rows) == pytest.approx(losses(reference)[:2], rel=1e-4)
     assert rows[0]["train/grad_norm"] == pytest.approx(reference[0]["train/grad_norm"], rel=1e-4)
@@ -110,10 +111,12 @@ def test_tensor_parallel_two_ranks_matches_data_parallel(
 def test_resume_continues_from_last_checkpoint(tmp_path: Path, reference: list[dict]) -> None:
     ok(run_cli(tmp_path, *SMALL, "trainer.max_steps=2"))
     assert (tmp_path / "checkpoints/latest").read_text().strip() == "2"
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step_*")] == ["step_000002"]
     out = ok(run_cli(tmp_path, *SMALL, "trainer.resume=true"))
-    assert "Resuming after step 1" in out
+    assert "Resuming after step 2 " in out
+    assert "step 3/4 " in out and "step 2/4 " not in out  # the resumed run starts at step 3
     rows = metrics(tmp_path)
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert losses(rows) == pytest.approx(losses(reference), rel=1e-5)
 
 
@@ -124,11 +127,16 @@ def test_killed_worker_restarts_and_resumes(tmp_path: Path, reference: list[dict
             *SMALL,
             "trainer.max_restarts=1",
             "trainer.save_interval=2",
-            "trainer.fail_at_step=3",
+            "trainer.fail_at_step=4",
         )
     )
-    assert "fault injection" in out and "Resuming after step 1 (restart 1)" in out
+    assert "trainer.fail_at_step=4: rank 1 exits now" in out
+    assert "Resuming after step 2 (restart 1)" in out
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert saved == ["step_000002", "step_000004"]
+    # Step 3 ran before the kill (step 4's start) and again after the restart from the
+    # checkpoint after step 2: printed twice, in metrics.jsonl once.
+    assert out.count("step 3/4 ") == 2 and out.count("step 4/4 ") == 1
     rows = metrics(tmp_path)
-    # Step 2 ran before the kill and again after the restart: logged once all the same.
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert losses(rows) == pytest.approx(losses(reference), rel=1e-5)

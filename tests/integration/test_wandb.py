@@ -56,6 +56,7 @@ def assert_history_matches(run: OfflineRun, run_dir: Path) -> None:
     expected = metrics_rows(run_dir)
     logged = step_rows(run)
     assert [r["step"] for r in logged] == [r["step"] for r in expected]
+    assert [r["step"] for r in expected] == list(range(1, len(expected) + 1))  # from 1
     for got, want in zip(logged, expected, strict=True):
         assert set(BATCH_KEYS) <= set(want)
         assert {k: got.get(k) for k in want} == want
@@ -137,7 +138,8 @@ def test_unreachable_wandb_server_leaves_the_run_and_metrics_whole(tmp_path: Pat
     assert out.returncode == 0, out.stderr
     assert "wandb could not start" in out.stdout
     schedule = json.loads((run_dir / "schedule.json").read_text())
-    assert [r["step"] for r in metrics_rows(run_dir)] == [s["step"] for s in schedule["steps"]]
+    assert len(schedule["steps"]) == 4
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3, 4]
 
 
 def test_wandb_dir_under_a_regular_file_leaves_the_run_and_metrics_whole(tmp_path: Path) -> None:
@@ -153,8 +155,8 @@ def test_wandb_dir_under_a_regular_file_leaves_the_run_and_metrics_whole(tmp_pat
 def test_an_invalid_mode_warns_once_and_drops_wandb(tmp_path: Path, caplog) -> None:
     run = RunInfo(tmp_path, {"seed": 1}, "run", None, "plan")
     sink = WandbSink(run, mode="no-such-mode")
-    sink.log({"step": 0, "batch/num_microbatches": 3})
-    sink.log({"step": 1, "batch/num_microbatches": 4})
+    sink.log({"step": 1, "batch/num_microbatches": 3})
+    sink.log({"step": 2, "batch/num_microbatches": 4})
     sink.close()
     warnings = [r for r in caplog.records if "wandb could not" in r.getMessage()]
     assert len(warnings) == 1
@@ -184,5 +186,9 @@ def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tm
     # A killed attempt's file may end before its run record; every id read is the stored one.
     ids = {r.run_id for r in runs} - {""}
     assert ids == {(run_dir / "wandb/run_id").read_text().strip()}
-    logged = {row["step"] for r in runs for row in step_rows(r)}
-    assert logged == {r["step"] for r in metrics_rows(run_dir)} == {0, 1, 2, 3}
+    # Steps count from 1: the first attempt logs steps 1 and 2, saves after step 2 and dies at
+    # the start of step 3; the restart resumes from checkpoint step_000002 at step 3.
+    assert [[row["step"] for row in step_rows(r)] for r in runs] == [[1, 2], [3, 4]]
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3, 4]
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*"))
+    assert saved == ["step_000002", "step_000004"]

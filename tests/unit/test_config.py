@@ -114,7 +114,7 @@ def test_every_logger_choice_builds(compose_cfg, choice, tmp_path):
         ).logger,
         run=run,
     )
-    sink.log({"step": 0, "batch/num_microbatches": 3})
+    sink.log({"step": 1, "batch/num_microbatches": 3})
     sink.close()
 
 

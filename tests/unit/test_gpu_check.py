@@ -117,15 +117,16 @@ def schedule_doc():
 
 def test_step_flops_reads_every_rank_and_micro_batch():
     doc = schedule_doc()
-    assert gc.step_flops(doc, 0, (1, 0)) == 300
-    assert gc.step_flops(doc, 1, (1, 1)) == 300 + 300**2 + 400 + 400**2
+    # metrics.jsonl counts steps from 1; schedule.json's `step` is the 0-based index.
+    assert gc.step_flops(doc, 1, (1, 0)) == 300
+    assert gc.step_flops(doc, 2, (1, 1)) == 300 + 300**2 + 400 + 400**2
 
 
 def rows():
-    # Step 0 is the warm-up; steps 1 and 2 take 2 s and 6 s for 700 tokens each.
+    # Step 1 is the warm-up; steps 2 and 3 take 2 s and 6 s for 700 tokens each.
     return [
         {
-            "step": 0,
+            "step": 1,
             "perf/step_s": 10.0,
             "perf/tokens_per_s": 30.0,
             "batch/num_microbatches": 2,
@@ -135,7 +136,7 @@ def rows():
             "perf/max_memory_gib": 10.0,
         },
         {
-            "step": 1,
+            "step": 2,
             "perf/step_s": 2.0,
             "perf/tokens_per_s": 350.0,
             "batch/num_microbatches": 1,
@@ -145,7 +146,7 @@ def rows():
             "perf/max_memory_gib": 12.5,
         },
         {
-            "step": 2,
+            "step": 3,
             "perf/step_s": 6.0,
             "perf/tokens_per_s": 700 / 6,
             "batch/num_microbatches": 3,
@@ -161,14 +162,14 @@ def test_summarize_run_by_hand():
     doc = schedule_doc()
     doc["steps"].append({"step": 2, "num_microbatches": 1, "ranks": [[[2, 3]]]})
     out = gc.summarize_run(rows(), doc, (1e12, 0), peaks={"p": 100e12})
-    assert out["timed_steps"] == [1, 2]
+    assert out["timed_steps"] == [2, 3]
     assert out["step_s"] == pytest.approx(4.0)
     assert out["tokens_per_s"] == pytest.approx(1400 / 8)
     assert out["num_microbatches"] == pytest.approx(2.0)
     assert out["max_memory_gib"] == 12.5
     assert out["mb_tokens_max"] == 400
     assert out["cap_violations"] == 1
-    # FLOPs 1e12 per token: steps 1 and 2 hold 700 tokens each → 1.4e15 in 8 s.
+    # FLOPs 1e12 per token: steps 2 and 3 hold 700 tokens each → 1.4e15 in 8 s.
     assert out["model_tflops_per_s"] == pytest.approx(175.0)
     assert out["mfu"]["p"] == pytest.approx(1.75)
     assert out["loss"] == [0.5, 0.4, 0.3]
@@ -177,7 +178,7 @@ def test_summarize_run_by_hand():
 def test_summarize_run_single_step_and_missing_memory():
     one = [{k: v for k, v in rows()[0].items() if k != "perf/max_memory_gib"}]
     out = gc.summarize_run(one, None, (1, 0))
-    assert out["timed_steps"] == [0]
+    assert out["timed_steps"] == [1]
     assert out["tokens_per_s"] == pytest.approx(30.0)
     assert out["max_memory_gib"] is None
     assert "mfu" not in out
@@ -311,20 +312,20 @@ def test_skip_reason():
 
 def test_compare_losses():
     gpu = [
-        {"step": 0, "train/loss": 0.3, "train/grad_norm": 1.0},
-        {"step": 1, "train/loss": 0.2000001, "train/grad_norm": 2.0},
+        {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.0},
+        {"step": 2, "train/loss": 0.2000001, "train/grad_norm": 2.0},
     ]
     cpu = [
-        {"step": 0, "train/loss": 0.3, "train/grad_norm": 1.0005},
-        {"step": 1, "train/loss": 0.2, "train/grad_norm": 3.0},
+        {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.0005},
+        {"step": 2, "train/loss": 0.2, "train/grad_norm": 3.0},
     ]
     out = gc.compare_losses(gpu, cpu)
     assert out["passed"]
     assert out["steps"][1]["loss_rel_diff"] == pytest.approx(5e-7)
     assert out["steps"][0]["grad_norm_match"] and not out["steps"][1]["grad_norm_match"]
     assert not gc.compare_losses(gpu, [{**cpu[0], "train/loss": 0.31}, cpu[1]])["passed"]
-    assert not gc.compare_losses(gpu, cpu[:1])["passed"]  # step 1 missing
-    nan = [{"step": 0, "train/loss": float("nan")}, gpu[1]]
+    assert not gc.compare_losses(gpu, cpu[:1])["passed"]  # step 2 missing
+    nan = [{"step": 1, "train/loss": float("nan")}, gpu[1]]
     assert not gc.compare_losses(nan, cpu)["passed"]
     assert not gc.compare_losses([], [])["passed"]
 
@@ -352,7 +353,7 @@ def run_record(group, cap, status="ok", rows_=None, schedule=None):
 def test_assemble_results():
     doc = schedule_doc()
     doc["steps"].append({"step": 2, "num_microbatches": 1, "ranks": [[[2, 3]]]})
-    loss_rows = [{"step": 0, "train/loss": 0.3}, {"step": 1, "train/loss": 0.2}]
+    loss_rows = [{"step": 1, "train/loss": 0.3}, {"step": 2, "train/loss": 0.2}]
     slow = [
         {**r, "perf/tokens_per_s": r["perf/tokens_per_s"] / 2, "perf/step_s": r["perf/step_s"] * 2}
         for r in rows()

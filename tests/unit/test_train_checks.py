@@ -100,10 +100,18 @@ def test_resume_without_a_checkpoint_is_refused(job_of):
         trainer.check(job)
 
 
-def test_fault_step_must_be_inside_the_run(job_of):
-    trainer, job = job_of("trainer.fail_at_step=9")
-    with pytest.raises(SlimeHydraError, match=r"fail_at_step=9.*\[0, 2\)"):
+@pytest.mark.parametrize("step", [0, 3])
+def test_fault_step_must_be_one_of_the_runs_steps_counted_from_1(job_of, step):
+    trainer, job = job_of(f"trainer.fail_at_step={step}")
+    assert trainer.num_steps(job) == 2
+    with pytest.raises(SlimeHydraError, match=rf"fail_at_step={step} .*steps 1\.\.2 "):
         trainer.check(job)
+
+
+@pytest.mark.parametrize("step", [1, 2])
+def test_fault_step_may_be_the_first_or_last_step(job_of, step):
+    trainer, job = job_of(f"trainer.fail_at_step={step}")
+    trainer.check(job)
 
 
 def test_a_sound_job_passes(job_of):
@@ -116,7 +124,9 @@ def test_empty_micro_batch_is_refused_naming_the_preset():
     strategy = SlimeLegacyBatching(ParallelLayout(dp=2), None, 100, "up", True, preset="slime_1823")
     ranks = [[[0], [1], [2]], [[3, 4], [5], []]]
     schedule = Schedule(lengths=(90,) * 6, cap=100, steps=(StepSchedule.build(0, ranks),))
-    with pytest.raises(SlimeHydraError, match=r"batching=slime_1823 .*micro-batch 2 of DP rank 1"):
+    with pytest.raises(
+        SlimeHydraError, match=r"batching=slime_1823 .*micro-batch 2 of DP rank 1 empty at step 1 "
+    ):
         check_trainable(schedule, strategy)
 
 
@@ -159,9 +169,9 @@ def test_world_size_check_accepts_the_layout():
 
 def test_metrics_sink_keeps_steps_before_the_checkpoint(tmp_path: Path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in [0, 1, 2, 3, 2]))
-    JsonlSink(path, start_step=2).close()
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1]
+    path.write_text("".join(json.dumps({"step": s, "x": s}) + "\n" for s in [1, 2, 3, 4, 3]))
+    JsonlSink(path, steps_done=2).close()  # the checkpoint after step 2: steps 1 and 2 stay
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_lengths_only_rollout_gets_copy_task_tokens_and_keeps_its_steps():
