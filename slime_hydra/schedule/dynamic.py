@@ -63,6 +63,7 @@ from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, wh
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
 RANK_SWAP_ROUNDS = 256  # exchanges between ranks after the pack split, at most
+QUICK_ALONE = 8  # the quick kk split packs at most 1/8 of the ranks one by one
 
 
 class Oversize(StrEnum):
@@ -357,7 +358,8 @@ class DynamicBatching(BatchingStrategy):
     def _fill_then_deal(self, st: _Step, k: int) -> _Plan | None:
         """dp·K micro-batches by first-fit decreasing over the whole step (over-cap samples
         alone; a few bins too many repaired by partition.slack.repack_overflow), dealt K to
-        each rank by partition.batched.split_even on their weights; None if that needs more
+        each rank by partition.batched.split_even on their weights, then `even_ranks` if ranks
+        are still more than a quarter of the tolerance apart; None if that needs more
         bins or the step has too few samples. The near-full case: the bins are nearly full,
         so they are balanced already, and packing the step whole reaches K where packing
         each rank alone needs one more."""
@@ -389,16 +391,22 @@ class DynamicBatching(BatchingStrategy):
         rank_of[deal] = np.arange(dp)[None, :]
         slot_of[deal] = np.arange(k)[:, None]
         key = rank_of[bin_of] * k + slot_of[bin_of]
-        return self._finish(key, local, st, k, 0)
+        plan = self._finish(key, local, st, k, 0)
+        rank_w = plan.mb_weights(st.weights).sum(1)
+        if rank_w.max() * dp <= (1 + self.tolerance / 4) * rank_w.sum():
+            return plan
+        ranks = plan.nested()  # FFD's bins are uneven in FLOPs: dealing alone may not even them
+        even_ranks(ranks, st.size_list, st.weight_list, st.cap, self.tolerance / 4)
+        return _Plan.of(ranks)
 
     def _quick_split(self, st: _Step, k_lb: int) -> _Plan | None:
-        """The kk split where every rank fits K_lb with numpy alone
-        (`_pack_ranks_together` without ranks packed one by one); None otherwise."""
+        """The kk split where numpy fits all ranks but a few into K_lb and the partitioner the
+        rest (`_pack_ranks_together` with `quick`); None otherwise."""
         return self._split_then_pack(st, k_lb, quick=True)
 
     def _split_then_pack(self, st: _Step, k_lb: int, quick: bool = False) -> _Plan | None:
         """Deal samples to ranks in rounds, then pack every rank into a common K; with
-        `quick`, only where the numpy path fits every rank at K_lb (else None)."""
+        `quick`, only at K_lb and with few ranks packed alone (else None)."""
         dp = self.layout.dp
         g = self.layout.microbatch_alignment
         cols = split_even(st.weights, dp, self.tolerance / 4)
@@ -429,9 +437,11 @@ class DynamicBatching(BatchingStrategy):
         self, cols: np.ndarray, st: _Step, k: int, floor: int, quick: bool = False
     ) -> _Plan | None:
         """Every rank into the same K parts at once (partition.batched.pack_groups); a rank
-        that neither LPT nor best-fit fits goes to the partitioner alone (with `quick`: None
-        instead), and K rises (in steps of the VPP alignment) until every rank fits. Ranks
-        whose heaviest part is above the tolerance of the bound are then refined one by one."""
+        that neither LPT nor best-fit fits goes to the partitioner alone, and K rises (in steps
+        of the VPP alignment) until every rank fits. Ranks whose heaviest part is above the
+        tolerance of the bound are then refined one by one. With `quick`, None instead where K
+        would rise or over 1/QUICK_ALONE of the ranks would go alone (the near-full case, which
+        `_fill_then_deal` plans faster)."""
         g = self.layout.microbatch_alignment
         dp = self.layout.dp
         cap = st.cap
@@ -463,7 +473,7 @@ class DynamicBatching(BatchingStrategy):
                 ok &= ~((part < 0) & valid).any(0)
                 placed = cols, np.maximum(part, 0)
             new_cols, new_part = placed
-            if quick and not ok.all():
+            if quick and (~ok).sum() * QUICK_ALONE > dp:
                 return None
             alone: dict[int, list[list[int]]] = {}
             need = k
@@ -475,6 +485,8 @@ class DynamicBatching(BatchingStrategy):
             if need == k:
                 cols, part = new_cols, new_part
                 break
+            if quick:
+                return None
             k = align_up(need, g)
         return self._assemble(cols, part, alone, st, k, floor)
 
