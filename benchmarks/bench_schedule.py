@@ -1,9 +1,10 @@
 """Scheduling benchmark: partitioner speed and balance, plan time, quality beside peers.
 
 Run `python benchmarks/bench_schedule.py` (full, several minutes) or with `--quick` (a smaller
-grid and single repeats). Prints one table per part and a PASS/FAIL summary per target; the
-exit status is 0 either way (the figures are the result). Times are CPU time of this process
-(time.process_time), so other load on the machine inflates them less than wall time.
+grid and single repeats); `--parts curve quality` runs only those parts, `--repeats N` sets the
+timed repeats. Prints one table per part and a PASS/FAIL summary per target; the exit status is
+0 either way (the figures are the result). Times are the least CPU time of this process over
+the repeats (time.process_time), which other load on the machine inflates less than wall time.
 
 Peers, written from their documented algorithms (benchmarks/baselines.py): slime's current
 pack-first (first-fit, split to a multiple of dp·g, deal round-robin) and verl's
@@ -30,8 +31,8 @@ from omegaconf import OmegaConf
 
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition import capped_partition, part_sums
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition import align_up, capped_partition, part_sums
+from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -88,15 +89,16 @@ def truncation_lengths(num_samples: int, cap: int, seed: int) -> list[int]:
     return [int(n) for n in out]
 
 
-def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    """Median CPU time in seconds over `repeats` calls, and the last result."""
+def min_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """Least CPU time in seconds over `repeats` calls (the least disturbed by other load on
+    the machine), and the last result."""
     times = []
     result = None
     for _ in range(repeats):
         start = time.process_time()
         result = fn()
         times.append(time.process_time() - start)
-    return statistics.median(times), result
+    return min(times), result
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
@@ -118,10 +120,8 @@ def bench_partition(repeats: int) -> list[Target]:
         lengths, _ = grpo_lengths(n, 16384, seed=n)
         k = n // 64
         bound = max(max(lengths), -(-sum(lengths) // k))
-        t_ours, ours = median_time(
-            partial(capped_partition, lengths, FREE_CAP, min_parts=k), repeats
-        )
-        t_kk, kk = median_time(partial(textbook_kk, lengths, k), repeats)
+        t_ours, ours = min_time(partial(capped_partition, lengths, FREE_CAP, min_parts=k), repeats)
+        t_kk, kk = min_time(partial(textbook_kk, lengths, k), repeats)
         ours_ratio = max(part_sums(ours, lengths)) / bound
         kk_ratio = max(part_sums(kk, lengths)) / bound
         speedup = t_kk / t_ours
@@ -153,7 +153,7 @@ def bench_partition(repeats: int) -> list[Target]:
             )
     print_table(
         "Partitioner: capped_partition(cap=free, min_parts=k) vs textbook_kk "
-        f"(median of {repeats}; bound = max(max L, ceil(sum L / k)))",
+        f"(min of {repeats}; bound = max(max L, ceil(sum L / k)))",
         ["n", "k", "ours_ms", "kk_ms", "speedup", "ours_max/bound", "kk_max/bound"],
         rows,
     )
@@ -177,11 +177,11 @@ def bench_planning(repeats: int) -> list[Target]:
         samples = list(range(n))
         for name, layout in layouts.items():
             align = layout.microbatch_alignment
-            t_pf, pf = median_time(
+            t_pf, pf = min_time(
                 partial(pack_first, lengths, samples, layout.dp, cap, align), repeats
             )
             strategy = DynamicBatching(layout, None, cap)
-            t, ranks = median_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
+            t, ranks = min_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
             ratio = t_pf / t
             rows.append(
                 [
@@ -212,15 +212,19 @@ def bench_planning(repeats: int) -> list[Target]:
                 )
     print_table(
         f"Planning one step: DynamicBatching(cap={cap}, dp_split=auto) vs slime pack-first "
-        f"(CPU ms, median of {repeats})",
+        f"(CPU ms, min of {repeats})",
         ["n", "layout", "ours_ms", "K", "pf_ms", "pf_K", "pf/ours", "target_ms"],
         rows,
     )
     return targets
 
 
+CURVE_BASELINE_UP_TO = 16384  # slime pack-first is O(n × bins) pure Python: slow beyond
+
+
 def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
-    """Plan time from 1k to 64k samples, 256 samples per DP rank (dp256 at 65,536)."""
+    """Plan time from 1k to 64k samples, 256 samples per DP rank (dp256 at 65,536), beside
+    slime's pack-first up to CURVE_BASELINE_UP_TO samples."""
     cap = 16384
     rows = []
     per_nlogn = {}
@@ -228,23 +232,45 @@ def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
     for n in sizes:
         dp = max(1, n // 256)
         lengths, _ = grpo_lengths(n, cap - MAX_PROMPT_LEN, seed=11)
+        samples = list(range(n))
         strategy = DynamicBatching(ParallelLayout(dp=dp), None, cap)
-        t, ranks = median_time(partial(strategy.plan_step, lengths, list(range(n)), 0), repeats)
+        t, ranks = min_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
         per_nlogn[n] = t / (n * np.log2(n))
         t_top = t
-        rows.append([n, dp, len(ranks[0]), f"{t * 1e3:.1f}", f"{per_nlogn[n] * 1e9:.1f}"])
+        pf = "-"
+        if n <= CURVE_BASELINE_UP_TO:
+            t_pf, _ = min_time(partial(pack_first, lengths, samples, dp, cap, 1), 1)
+            pf = f"{t_pf / t:.1f}x"
+        rows.append(
+            [
+                n,
+                dp,
+                len(ranks[0]),
+                k_lower_bound(lengths, cap, dp, 1),
+                f"{t * 1e3:.1f}",
+                f"{per_nlogn[n] * 1e9:.1f}",
+                pf,
+            ]
+        )
     print_table(
-        f"Plan-time curve (cap={cap}, 256 samples per rank, CPU ms, median of {repeats})",
-        ["n", "dp", "K", "plan_ms", "ns per n·log2 n"],
+        f"Plan-time curve (cap={cap}, 256 samples per rank, CPU ms, min of {repeats}; pf/ours: "
+        "slime pack-first's CPU time over ours, one run)",
+        ["n", "dp", "K", "K_lb", "plan_ms", "ns per n·log2 n", "pf/ours"],
         rows,
     )
     first, last = per_nlogn[sizes[0]], per_nlogn[sizes[-1]]
+    worst = max(per_nlogn.values())
     targets = [
         Target(
             "cost grows no faster than n log n (ns per n·log2 n, largest / smallest <= 1.5)",
             last / first <= 1.5,
             f"{last / first:.2f}",
-        )
+        ),
+        Target(
+            "no slow point: every n within 1.5 x the smallest n's ns per n·log2 n",
+            worst / first <= 1.5,
+            f"{worst / first:.2f}",
+        ),
     ]
     if sizes[-1] == 65536:
         targets.append(
@@ -255,6 +281,14 @@ def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
             )
         )
     return targets
+
+
+def k_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
+    """The planner's K_lb: one micro-batch per over-cap sample plus Martello-Toth's L2 on the
+    rest, over dp, aligned (at least the plain bound, microbatch_lower_bound)."""
+    normal = [n for n in lengths if n <= cap]
+    bins = len(lengths) - len(normal) + min_bins_lower_bound(normal, cap)
+    return align_up(max(-(-bins // dp), 1), align)
 
 
 @dataclass
@@ -279,6 +313,7 @@ class Case:
 
     label: str
     k_lb: int
+    k_plain: int
     results: dict[str, Result | None]
     legacy: dict[str, str]
 
@@ -343,7 +378,7 @@ def run_case(trace: str, dp: int, vpp: int, cap: int, n: int, seed: int) -> Case
     )
     for name, planner in planners.items():
         try:
-            t, ranks = median_time(planner, 1)
+            t, ranks = min_time(planner, 1)
         except ValueError:  # pack-first with no bin left to split
             results[name] = None
             continue
@@ -361,7 +396,8 @@ def run_case(trace: str, dp: int, vpp: int, cap: int, n: int, seed: int) -> Case
             legacy[preset] = "crash"
     return Case(
         label=f"{trace} dp={dp} vpp={vpp} cap={cap} n={n}",
-        k_lb=microbatch_lower_bound(lengths, cap, dp, align),
+        k_lb=k_lower_bound(lengths, cap, dp, align),
+        k_plain=microbatch_lower_bound(lengths, cap, dp, align),
         results=results,
         legacy=legacy,
     )
@@ -401,6 +437,7 @@ def bench_quality(
                     name,
                     _fmt(r, "k", "d"),
                     c.k_lb,
+                    c.k_plain,
                     _fmt(r, "violations", "d"),
                     _fmt(r, "empty", "d"),
                     _fmt(r, "max_over_lb", ".4f"),
@@ -416,7 +453,9 @@ def bench_quality(
                 ]
             )
     print_table(
-        "Quality per case (one step of n samples; K per rank, K_lb its lower bound; max/LB = "
+        "Quality per case (one step of n samples; K per rank, K_lb its lower bound (Martello-Toth "
+        "L2, what the planner uses), K_plain the plain one (tokens/cap, samples over cap/2); "
+        "max/LB = "
         "largest micro-batch / proven lower bound at that K (batch/mb_tokens_lb); imbalances "
         "max/mean; flopsmax/LB = largest micro-batch FLOPs / proven bound on it at that K (a "
         "lower K raises the mean, so imbalances compare only at equal K); FLOPs a·L + b·L² of "
@@ -427,6 +466,7 @@ def bench_quality(
             "method",
             "K",
             "K_lb",
+            "K_plain",
             "viol",
             "empty",
             "max/LB",
@@ -506,22 +546,39 @@ def bench_quality(
     return targets
 
 
+PARTS = ("partition", "planning", "curve", "quality")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every part of the benchmark and print the target summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grid, single repeats")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=PARTS,
+        default=list(PARTS),
+        help="which parts to run (default: all)",
+    )
+    parser.add_argument("--repeats", type=int, help="timed repeats (default 3, 1 with --quick)")
     args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
     start = time.perf_counter()
-    if args.quick:
-        targets = bench_partition(repeats=1) + bench_planning(repeats=1)
-        targets += bench_curve([1024, 4096, 16384], repeats=1)
-        targets += bench_quality(["grpo", "truncation"], [8, 32], [1, 2], [16384], [(1024, 0)])
-    else:
-        targets = bench_partition(repeats=3) + bench_planning(repeats=3)
-        targets += bench_curve([1024 << i for i in range(7)], repeats=3)
-        targets += bench_quality(
-            ["grpo", "truncation"], [8, 32], [1, 2], [12288, 16384], [(2048, 1), (4096, 2)]
-        )
+    runs = {
+        "partition": lambda: bench_partition(repeats),
+        "planning": lambda: bench_planning(repeats),
+        "curve": lambda: bench_curve(
+            [1024, 4096, 16384] if args.quick else [1024 << i for i in range(7)], repeats
+        ),
+        "quality": lambda: (
+            bench_quality(["grpo", "truncation"], [8, 32], [1, 2], [16384], [(1024, 0)])
+            if args.quick
+            else bench_quality(
+                ["grpo", "truncation"], [8, 32], [1, 2], [12288, 16384], [(2048, 1), (4096, 2)]
+            )
+        ),
+    }
+    targets = [t for part in PARTS if part in args.parts for t in runs[part]()]
     print_table(
         f"Targets ({time.perf_counter() - start:.0f} s in all)",
         ["result", "target", "measured"],
