@@ -67,6 +67,7 @@ def test_an_invalid_job_fails_alone_and_the_sweep_goes_on(tmp_path):
     assert len(rows(good)) == 4
     assert "parallel.pp" in (bad / "error.txt").read_text()
     assert not (bad / "metrics.jsonl").exists()
+    assert out.stdout.splitlines()[-1] == f"sweep: 2 jobs, 1 failed (see {bad / 'error.txt'})"
 
 
 def test_joblib_launcher_runs_two_jobs_in_parallel_processes(tmp_path):
@@ -82,6 +83,27 @@ def test_joblib_launcher_runs_two_jobs_in_parallel_processes(tmp_path):
     assert "Joblib" in out.stdout + out.stderr
     jobs = sorted(p for p in tmp_path.iterdir() if p.is_dir())
     assert len(jobs) == 2 and all(len(rows(j)) == 4 for j in jobs)
+    assert out.stdout.splitlines()[-1] == f"sweep: 2 jobs, 0 failed ({tmp_path})"
+
+
+def test_joblib_sweep_counts_its_failed_jobs(tmp_path):
+    # A sweep dir named at the second's millionth: the count reads the dir the jobs ran in.
+    out = run_cli(
+        "-m",
+        "hydra/launcher=local_parallel",
+        "trainer=plan",
+        "logger=jsonl",
+        "parallel.pp=1",
+        "batching=dynamic,fixed",
+        "parallel.vpp=1,2",
+        f"hydra.sweep.dir={tmp_path}/${{now:%H-%M-%S-%f}}",
+    )
+    assert out.returncode == 0, out.stderr
+    (sweep,) = tmp_path.iterdir()
+    bad = sorted(p / "error.txt" for p in sweep.iterdir() if "vpp=2" in p.name)
+    assert [p.parent.name[:2] for p in bad] == ["1_", "3_"]
+    line = f"sweep: 4 jobs, 2 failed (see {bad[0]}, {bad[1]})"
+    assert out.stdout.splitlines()[-1] == line
 
 
 def test_optuna_searches_the_cap_for_the_fastest_sound_schedule(tmp_path):
