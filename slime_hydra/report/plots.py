@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
@@ -106,7 +107,7 @@ def _over_cap(schedule: Schedule, index: int) -> list[list[bool]]:
     ]
 
 
-def _rank_lines(ax: Axes, run: RunDir) -> tuple[list[Line2D], list[str], list[tuple[float, int]]]:
+def _rank_lines(ax: Axes, run: RunDir) -> tuple[list[Artist], list[str], list[tuple[float, int]]]:
     """Each rank's micro-batch tokens as a line of dots inside its slot of the step; returns
     legend handles, labels and the (x, tokens) of micro-batches over the cap."""
     schedule = run.schedule
@@ -121,14 +122,14 @@ def _rank_lines(ax: Axes, run: RunDir) -> tuple[list[Line2D], list[str], list[tu
             color = RANK_COLORS[r % len(RANK_COLORS)]
             ax.plot(xs, tokens, "-o", color=color, ms=3.5, lw=0.8, alpha=0.85)
             over += [(x, t) for x, t, f in zip(xs, tokens, flags[r], strict=True) if f]
-    handles = [
+    handles: list[Artist] = [
         Line2D([], [], color=RANK_COLORS[r % len(RANK_COLORS)], marker="o", ms=4, lw=0.8)
         for r in range(dp)
     ]
     return handles, [f"DP rank {r}" for r in range(dp)], over
 
 
-def _rank_band(ax: Axes, run: RunDir) -> tuple[list, list[str], list[tuple[float, int]]]:
+def _rank_band(ax: Axes, run: RunDir) -> tuple[list[Artist], list[str], list[tuple[float, int]]]:
     """For each micro-batch position of each step, the min–max band and the median of the
     ranks' tokens; returns legend handles, labels and the micro-batches over the cap."""
     schedule = run.schedule
@@ -142,11 +143,11 @@ def _rank_band(ax: Axes, run: RunDir) -> tuple[list, list[str], list[tuple[float
         xs = _positions(step - 0.4, 0.8, max(count, 1))[:count]
         columns = [[t[m] for t in tokens if m < len(t)] for m in range(count)]
         lows, highs = [min(c) for c in columns], [max(c) for c in columns]
-        ax.fill_between(xs, lows, highs, color=BAND_COLOR, alpha=0.25, lw=0, step=None)
+        ax.fill_between(xs, lows, highs, color=BAND_COLOR, alpha=0.25, lw=0)
         ax.plot(xs, [statistics.median(c) for c in columns], "-o", color=BAND_COLOR, ms=3, lw=1)
         for t, f in zip(tokens, flags, strict=True):
             over += [(xs[m], t[m]) for m in range(len(t)) if f[m]]
-    handles = [
+    handles: list[Artist] = [
         Line2D([], [], color=BAND_COLOR, marker="o", ms=4, lw=1),
         Patch(color=BAND_COLOR, alpha=0.25, lw=0),
     ]
@@ -199,7 +200,7 @@ def _count_panel(ax: Axes, run: RunDir) -> None:
     ax.bar(steps, counts, width=0.6, color="#1f77b4", label="micro-batches per rank")
     lower = [row.get("batch/num_microbatches_lb") for row in run.metrics]
     if all(v is not None for v in lower):
-        width = 500 * min(1.0, MAX_STEP_TICKS / len(steps))  # narrower than a bar's slot
+        width = 500 * min(1.0, MAX_STEP_TICKS / max(len(steps), 1))  # within a bar's slot
         ax.scatter(steps, lower, marker="_", s=width, lw=2.5, color=LB_COLOR, zorder=3)
         ax.scatter([], [], marker="_", s=120, lw=2.5, color=LB_COLOR, label="lower bound")
     empty = [row.get("batch/empty_microbatches") or 0 for row in run.metrics]

@@ -291,6 +291,11 @@ def test_run_figure_stays_readable_at_many_ranks(tmp_path: Path, dp: int) -> Non
     assert legend == [*ranks, f"cap = {2 * dp} tokens", "over the cap (30)"]
 
 
+def test_a_run_that_logged_no_step_still_gets_its_figure(tmp_path: Path) -> None:
+    fig = run_figure(RunDir.read(write_run(tmp_path / "run", [])))
+    assert titles(fig) == ["Micro-batch tokens per DP rank against the cap", *BASE_TITLES]
+
+
 def test_sweep_jobs_in_job_number_order(tmp_path: Path) -> None:
     for name in ("10_seed=3", "2_seed=2", "0_seed=1"):
         make_run(tmp_path / name)
