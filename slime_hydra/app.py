@@ -21,6 +21,8 @@ from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_
 from slime_hydra.schedule import violations
 from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.train.job import Job
+from slime_hydra.train.nodes import node_rank
+from slime_hydra.train.rank_output import setup_rank_output
 from slime_hydra.train.torchrun import is_rank_zero, torchrun_env
 
 log = logging.getLogger("slime_hydra")
@@ -89,6 +91,9 @@ def run(cfg: DictConfig) -> float | None:
     trainer logs through `log.sinks.open_sinks` where its metrics are (this process for plan,
     rank 0's worker for cpu/gpu). Returns the trainer's objective for sweepers (plan: the
     simulated seconds, +inf for a step that breaks the cap or trainer.memory_limit_gib)."""
+    env = torchrun_env()
+    # Before planning imports megatron: third-party warnings once, other ranks quiet.
+    setup_rank_output(node_rank() if env is None else env.rank)
     info = run_info(cfg)
     # Under torchrun every rank plans; rank 0 alone owns (locks, checks, writes) the run dir.
     owner = is_rank_zero()

@@ -30,6 +30,10 @@ from slime_hydra.errors import SlimeHydraError
 
 log = logging.getLogger(__name__)
 
+LOG_FILE = "slime_hydra.log"
+"""The run's log in its dir: Hydra's (conf/config.yaml's hydra.job.name names it), where rank 0's
+worker appends its progress too."""
+
 RUN_FILES = ("config.yaml", "schedule.json", "metrics.jsonl", "checkpoints")
 """What makes a dir hold a run: any of these."""
 

@@ -4,6 +4,8 @@ machinery): `trainer.nproc_per_node` processes on each node of the job (train/no
 from __future__ import annotations
 
 import logging
+import os
+import pickle
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -15,9 +17,10 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.rundir import LOG_FILE
 from slime_hydra.train.job import Job
 from slime_hydra.train.nodes import job_nodes
-from slime_hydra.train.worker import train
+from slime_hydra.train.rank_output import setup_rank_output, shown_warnings
 
 if TYPE_CHECKING:
     from slime_hydra.train.trainer import CpuTrainer
@@ -26,7 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def launch(trainer: CpuTrainer, job: Job) -> None:
-    """Run `train(trainer, job)` in nproc_per_node workers; restart them up to max_restarts."""
+    """Run `worker.train(trainer, job)` in nproc_per_node workers (through `run_worker`);
+    restart them up to max_restarts."""
     nodes = job_nodes()
     logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
     config = LaunchConfig(
@@ -55,7 +59,9 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
     try:
-        elastic_launch(config, train)(trainer, job)
+        log_file = str(job.run.run_dir / LOG_FILE)
+        payload = pickle.dumps((trainer, job))
+        elastic_launch(config, run_worker)(payload, log_file, shown_warnings())
     except ChildFailedError as exc:
         first = nodes.rank * trainer.num_procs(job)
         failures = {**recorded_failures(Path(logs), first), **exc.failures}
@@ -66,6 +72,18 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     finally:
         agent_log.setLevel(level)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def run_worker(payload: bytes, log_file: str, shown: frozenset[str]) -> None:
+    """What each spawned worker runs: its rank's output first (train/rank_output.py; `shown`:
+    the warnings the job process showed), then the trainer and job unpickled and trained.
+    Unpickling the job imports megatron (the iterator), so they come pickled: megatron's
+    import-time warnings then meet this rank's filters."""
+    setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
+    trainer, job = pickle.loads(payload)
+    from slime_hydra.train.worker import train  # megatron too: after the filters
+
+    train(trainer, job)
 
 
 def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:

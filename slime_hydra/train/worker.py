@@ -29,16 +29,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def setup_logging(rank: int) -> None:
-    """In a process the launcher spawned (no Hydra logging): INFO on rank 0, warnings elsewhere."""
-    if logging.getLogger().handlers:
-        return
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s",
-    )
-
-
 class Stopped(Exception):
     """The launcher stopped this rank (SIGTERM): another rank failed, or the run was cancelled."""
 
@@ -118,7 +108,6 @@ def train(trainer: CpuTrainer, job: Job) -> None:
     env = torchrun_env()
     if env is None:
         raise SlimeHydraError("train() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
-    setup_logging(env.rank)
     raise_on_sigterm()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
     layout = job.layout
