@@ -89,10 +89,13 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
         raise ValueError(f"min_bins_lower_bound: an item of size {int(w[-1])} exceeds cap {cap}")
     nsmall = int(np.searchsorted(w, cap // 2, side="right"))  # items <= cap/2
     small, big = w[:nsmall], w[nsmall:]
-    a = np.concatenate(([0], small))
+    # a = 0, then each distinct small size, first at position `first` of `small`.
+    first = np.flatnonzero(np.concatenate(([True], small[1:] != small[:-1])))[: small.size]
+    a = np.concatenate(([0], small[first]))
+    first = np.concatenate(([0], first))
     # J3: small items >= a (sorted, so a suffix); J2: big items <= cap - a (a prefix of big).
     small_suffix = np.concatenate((np.cumsum(small[::-1])[::-1], [0]))
-    j3 = small_suffix[np.searchsorted(small, a, side="left")]
+    j3 = small_suffix[first]
     n2 = np.searchsorted(big, cap - a, side="right")
     j2 = np.concatenate(([0], np.cumsum(big)))[n2]
     extra = np.maximum(0, -(-(j3 - (n2 * cap - j2)) // cap))
