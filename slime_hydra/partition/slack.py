@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from slime_hydra.partition.bounds import min_bins_lower_bound
+
 REPACK_ITEMS = 1024  # items repacked by MBS at most (tens of ms of pure Python)
 
 
@@ -56,10 +58,13 @@ def repack_overflow(
     The items of bins `bins` and beyond, together with those of the P most wasteful bins
     below (most room left first, ties by bin), are repacked by MBS into those P bins; P starts
     at four times the bins too many and doubles while the repacked items stay within
-    REPACK_ITEMS. Bins the repacking leaves unused stay empty."""
+    REPACK_ITEMS. None at once where Martello-Toth's L2 proves `bins` too few. Bins the
+    repacking leaves unused stay empty."""
     extra = int(bin_of.max()) + 1 - bins
     if extra <= 0:
         return bin_of
+    if min_bins_lower_bound(sizes, cap) > bins:
+        return None
     waste = cap - np.bincount(bin_of, weights=sizes, minlength=bins)[:bins]
     by_waste = np.lexsort((np.arange(bins), -waste))
     overflow = bin_of >= bins

@@ -83,6 +83,18 @@ def test_repack_overflow_keeps_every_item_within_the_cap_and_the_bins(seed, shor
         assert got is ffd
 
 
+def test_repack_overflow_by_hand():
+    # FFD's third bin holds the 2; MBS over it and the most wasteful bins makes 2 full bins.
+    sizes = np.array([5, 4, 3, 3, 3, 2])
+    ffd = first_fit_decreasing(sizes, 10)
+    assert int(ffd.max()) == 2
+    got = repack_overflow(sizes, 10, ffd, 2)
+    assert got is not None and sorted(_loads(got, sizes.tolist()).tolist()) == [10, 10]
+    # L2 proves 5 bins for these (no 4 fits beside a 7): 4 are refused at once.
+    sizes = np.array([7, 7, 7, 4, 4, 4])
+    assert repack_overflow(sizes, 10, first_fit_decreasing(sizes, 10), 4) is None
+
+
 def _near_full_step(seed: int, cap: int, n: int) -> list[int]:
     """bench_schedule.py's GRPO-like lengths: lognormal prompts and responses, responses cut
     at cap - 1024 (data.synthetic.SyntheticGRPO with its benchmark settings)."""
