@@ -57,9 +57,9 @@ def repack_overflow(
 
     The items of bins `bins` and beyond, together with those of the P most wasteful bins
     below (most room left first, ties by bin), are repacked by MBS into those P bins; P starts
-    at four times the bins too many and doubles while the repacked items stay within
-    REPACK_ITEMS. None at once where Martello-Toth's L2 proves `bins` too few. Bins the
-    repacking leaves unused stay empty."""
+    at four times the bins too many and doubles (up to `bins`) while the repacked items stay
+    within REPACK_ITEMS. None at once where Martello-Toth's L2 proves `bins` too few. Bins
+    the repacking leaves unused stay empty."""
     extra = int(bin_of.max()) + 1 - bins
     if extra <= 0:
         return bin_of
@@ -68,8 +68,8 @@ def repack_overflow(
     waste = cap - np.bincount(bin_of, weights=sizes, minlength=bins)[:bins]
     by_waste = np.lexsort((np.arange(bins), -waste))
     overflow = bin_of >= bins
-    pool_bins = 4 * extra
-    while pool_bins <= bins:
+    pool_bins = min(4 * extra, bins)
+    while True:
         chosen = by_waste[:pool_bins]
         pool = np.flatnonzero(overflow | np.isin(bin_of, chosen))
         if pool.size > REPACK_ITEMS:
@@ -80,5 +80,6 @@ def repack_overflow(
             for b, members in zip(chosen.tolist(), packed, strict=False):
                 out[pool[members]] = b
             return out
-        pool_bins *= 2
-    return None
+        if pool_bins == bins:
+            return None
+        pool_bins = min(2 * pool_bins, bins)
