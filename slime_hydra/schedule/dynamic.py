@@ -20,14 +20,14 @@ Two ways to split a step across DP ranks:
 K_lb is one micro-batch per over-cap sample plus Martello-Toth's L2 bound on the bins the rest
 need (partition.bounds), over dp, aligned.
 `auto` (the default) tries the cheap planners first and keeps the first plan near the bound:
-the kk split when numpy fits every rank into K_lb, then the whole-step first-fit decreasing
-(near-full steps, where packing each rank alone needs one micro-batch more), then the full kk
-split and the partitioner's pack. Near the bound means K = K_lb, the heaviest micro-batch
-within the partitioner's tolerance of a lower bound on it at that K (the mean and the largest
-sample first, the proven bound of partition.bounds only if those are missed), and ranks within
-that tolerance of each other. If none is, it keeps the best by score: fewer micro-batches,
-then the worse of micro-batch and rank imbalance (within the tolerance counted as equal), then
-rank imbalance.
+the kk split when numpy fits all but 1/8 of the ranks into K_lb, then the whole-step first-fit
+decreasing and the full kk split (FFD first for a near-full step, where packing each rank alone
+tends to need one micro-batch more), then the partitioner's pack. Near the bound means
+K = K_lb, the heaviest micro-batch within the partitioner's tolerance of a lower bound on it at
+that K (the mean and the largest sample first, the proven bound of partition.bounds only if
+those are missed), and ranks within that tolerance of each other. If none is, it keeps the
+best by score: fewer micro-batches, then the worse of micro-batch and rank imbalance (within
+the tolerance counted as equal), then rank imbalance.
 
 Internally a step's samples are numbered 0..n-1 (arrays of sizes and weights); global sample
 indices come back only in the returned micro-batches. FLOPs weights are scaled so that the
@@ -219,7 +219,7 @@ class DynamicBatching(BatchingStrategy):
         k_lb = self._k_lower_bound(st)
         planned: dict[Callable[[_Step, int], _Plan | None], _Plan] = {}
         failures: list[PartitionError] = []
-        for planner in self._planners():
+        for planner in self._planners(st, k_lb):
             if planner == self._split_then_pack and self._quick_split in planned:
                 continue  # the same plan again
             try:
@@ -239,16 +239,19 @@ class DynamicBatching(BatchingStrategy):
         best = candidates[0] if len(candidates) == 1 else _best(candidates, st, self.tolerance)
         return best.nested(np.asarray(st.samples, dtype=np.int64))
 
-    def _planners(self) -> list[Callable[[_Step, int], _Plan | None]]:
+    def _planners(self, st: _Step, k_lb: int) -> list[Callable[[_Step, int], _Plan | None]]:
         """The planners `dp_split` tries, in order, until one is near the bound: the cheap ones
-        (the kk split at K_lb without any rank packed alone, the whole-step first-fit
-        decreasing) before the thorough ones."""
+        first. The quick kk split (at K_lb, few ranks packed one by one), then for a near-full
+        step (the mean micro-batch at K_lb within half the tolerance of the cap, where packing
+        each rank alone tends to need one more) the whole-step first-fit decreasing before
+        the full kk split, else after it; the partitioner's pack last."""
         if self.dp_split is DpSplit.kk:
             return [self._split_then_pack]
         if self.dp_split is DpSplit.pack:
             return [self._fill_then_deal, self._pack_then_deal]
-        quick = [self._quick_split, self._fill_then_deal]
-        return [*quick, self._split_then_pack, self._pack_then_deal]
+        full = int(st.sizes.sum()) >= (1 - self.tolerance / 2) * self.layout.dp * k_lb * st.cap
+        middle = [self._fill_then_deal, self._split_then_pack]
+        return [self._quick_split, *(middle if full else middle[::-1]), self._pack_then_deal]
 
     def _k_lower_bound(self, st: _Step) -> int:
         """Fewest micro-batches per rank: one per over-cap sample plus Martello-Toth's L2 on
