@@ -25,13 +25,6 @@ from slime_hydra.partition.greedy import best_fit, descending, first_fit, lpt
 PARTNERS = 8  # lightest parts tried per local-search round
 
 
-def min_parts_bound(weights: Sequence[int], cap: int) -> int:
-    """Lower bound on the parts any cap-respecting partition of items (each <= cap) needs:
-    Martello and Toth's L2 (partition.bounds.min_bins_lower_bound), at least ⌈Σw / cap⌉ and
-    one part per item heavier than cap/2."""
-    return min_bins_lower_bound(weights, cap)
-
-
 def _fill_empty(
     parts: Parts, sums: list[int], loads: list[int], weights: Sequence[int], sizes: Sequence[int]
 ) -> None:
@@ -169,7 +162,7 @@ def capped_partition(
     heaviest, total = max(weights), sum(weights)
     total_size = sum(sizes)
     order = descending(weights)
-    k = align_up(max(min_parts, min_parts_bound(sizes, cap)), align, offset)
+    k = align_up(max(min_parts, min_bins_lower_bound(sizes, cap)), align, offset)
     while k <= n:
         # A cheap goal first (the mean bound); the proven bound only if that is missed.
         goal = max(floor, int(max(heaviest, -(-total // k)) * (1 + tolerance)))

@@ -54,11 +54,12 @@ from slime_hydra.partition.batched import (
     split_even,
     worth_batching,
 )
-from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
+from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.capped import refine
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.slack import repack_overflow
 from slime_hydra.schedule.layout import ParallelLayout
+from slime_hydra.schedule.metrics import microbatch_lower_bound
 from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
@@ -254,11 +255,10 @@ class DynamicBatching(BatchingStrategy):
         return [self._quick_split, *(middle if full else middle[::-1]), self._pack_then_deal]
 
     def _k_lower_bound(self, st: _Step) -> int:
-        """Fewest micro-batches per rank: one per over-cap sample plus Martello-Toth's L2 on
-        the rest (partition.bounds.min_bins_lower_bound), over dp, aligned."""
-        bins = int(st.over.sum()) + min_bins_lower_bound(st.sizes[~st.over], st.cap)
-        dp = self.layout.dp
-        return align_up(max(-(-bins // dp), 1), self.layout.microbatch_alignment)
+        """Fewest micro-batches per rank (schedule.metrics.microbatch_lower_bound)."""
+        return microbatch_lower_bound(
+            st.sizes, st.cap, self.layout.dp, self.layout.microbatch_alignment
+        )
 
     def _infeasible(
         self, st: _Step, k_lb: int, step: int, failure: PartitionError

@@ -5,23 +5,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
+import numpy as np
+
 from slime_hydra.partition import align_up
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.schedule import StepSchedule, breaks_cap
 
 
-def microbatch_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
-    """Fewest micro-batches per rank any cap-respecting schedule needs.
-
-    max(⌈ΣL / (dp·cap)⌉, ⌈#samples over cap/2 ÷ dp⌉), rounded up to the VPP alignment; a sample
-    over the cap (isolated) counts as one micro-batch, not by its tokens.
-    """
-    over = sum(1 for n in lengths if n > cap)
-    by_tokens = over + -(-sum(n for n in lengths if n <= cap) // cap)
-    by_halves = sum(1 for n in lengths if 2 * n > cap)
-    return align_up(max(-(-max(by_tokens, by_halves) // dp), 1), align)
+def microbatch_lower_bound(
+    lengths: Sequence[int] | np.ndarray, cap: int, dp: int, align: int
+) -> int:
+    """Fewest micro-batches per rank any cap-respecting schedule needs: one per sample over the
+    cap (isolated), Martello and Toth's L2 bin bound on the rest (at least ⌈ΣL / cap⌉ and one
+    per sample over cap/2), over dp, rounded up to the VPP alignment. The planner's K_lb."""
+    sizes = np.asarray(lengths, dtype=np.int64)
+    over = sizes > cap
+    bins = int(over.sum()) + min_bins_lower_bound(sizes[~over], cap)
+    return align_up(max(-(-bins // dp), 1), align)
 
 
 def _imbalance(values: Sequence[float]) -> float:

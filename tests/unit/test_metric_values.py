@@ -100,6 +100,35 @@ def test_the_count_bound_rounds_up_to_the_vpp_group():
     assert m["batch/cap_utilization"] == pytest.approx(0.3)
 
 
+def test_the_count_bound_is_the_planners_bin_bound():
+    # cap 10, lengths [6, 6, 6, 5, 5]: ⌈28/10⌉ = 3 and three samples over 5 say 3, but a 6 and
+    # a 5 never share a micro-batch (11 > 10), so the 6s sit alone and the 5s take a fourth
+    # (Martello-Toth's L2 at a = 5). The planner plans K = 4 and logs the bound it proved.
+    step = StepSchedule.build(0, [[[0], [1], [2], [3, 4]]])
+    m = step_metrics(step, [6, 6, 6, 5, 5], 10, ParallelLayout(dp=1), LINEAR)
+    assert m["batch/num_microbatches_lb"] == 4 == m["batch/num_microbatches"]
+    # Over dp=2 the 4 micro-batches need 2 per rank; a sample over the cap adds one.
+    two = StepSchedule.build(
+        0,
+        [
+            [[0], [3, 4]],
+            [[1], [2]],
+        ],
+    )
+    assert (
+        step_metrics(two, [6, 6, 6, 5, 5], 10, ParallelLayout(dp=2), LINEAR)[
+            "batch/num_microbatches_lb"
+        ]
+        == 2
+    )
+    big = StepSchedule.build(0, [[[0], [3, 4], [5]], [[1], [2], []]])
+    lengths = [6, 6, 6, 5, 5, 30]
+    assert (
+        step_metrics(big, lengths, 10, ParallelLayout(dp=2), LINEAR)["batch/num_microbatches_lb"]
+        == 3
+    )
+
+
 def test_without_a_cap_the_cap_metrics_are_neutral():
     m = step_metrics(A_STEP, A_LENGTHS, None, ParallelLayout(dp=2), LINEAR)
     # No cap: the count bound is the count itself, nothing is over a cap, no utilization.

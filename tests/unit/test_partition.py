@@ -13,7 +13,7 @@ from slime_hydra.partition import (
     first_fit,
     karmarkar_karp,
     lpt,
-    min_parts_bound,
+    min_bins_lower_bound,
     part_sums,
 )
 
@@ -74,7 +74,7 @@ def test_capped_partition_invariants(weights, cap, align, offset, min_parts):
         parts = capped_partition(weights, cap, align=align, offset=offset, min_parts=min_parts)
     except PartitionError:
         # Only acceptable when even the smallest admissible count exceeds the items.
-        k0 = align_up(max(min_parts, min_parts_bound(weights, cap)), align, offset)
+        k0 = align_up(max(min_parts, min_bins_lower_bound(weights, cap)), align, offset)
         assert k0 > len(weights) or k0 + align > len(weights)
         return
     k = len(parts)
@@ -82,7 +82,7 @@ def test_capped_partition_invariants(weights, cap, align, offset, min_parts):
     assert all(parts), "no empty part"
     assert max(part_sums(parts, weights)) <= cap
     assert k >= min_parts and (k + offset) % align == 0
-    assert k >= min_parts_bound(weights, cap)
+    assert k >= min_bins_lower_bound(weights, cap)
 
 
 @given(weights_st, st.integers(5000, 20_000))
