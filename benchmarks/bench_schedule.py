@@ -31,8 +31,8 @@ from omegaconf import OmegaConf
 
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition import align_up, capped_partition, part_sums
-from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
+from slime_hydra.partition import capped_partition, part_sums
+from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -246,7 +246,7 @@ def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
                 n,
                 dp,
                 len(ranks[0]),
-                k_lower_bound(lengths, cap, dp, 1),
+                microbatch_lower_bound(lengths, cap, dp, 1),
                 f"{t * 1e3:.1f}",
                 f"{per_nlogn[n] * 1e9:.1f}",
                 pf,
@@ -283,14 +283,6 @@ def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
     return targets
 
 
-def k_lower_bound(lengths: Sequence[int], cap: int, dp: int, align: int) -> int:
-    """The planner's K_lb: one micro-batch per over-cap sample plus Martello-Toth's L2 on the
-    rest, over dp, aligned (at least the plain bound, microbatch_lower_bound)."""
-    normal = [n for n in lengths if n <= cap]
-    bins = len(lengths) - len(normal) + min_bins_lower_bound(normal, cap)
-    return align_up(max(-(-bins // dp), 1), align)
-
-
 @dataclass
 class Result:
     """One method's figures on one case."""
@@ -313,7 +305,6 @@ class Case:
 
     label: str
     k_lb: int
-    k_plain: int
     results: dict[str, Result | None]
     legacy: dict[str, str]
 
@@ -396,8 +387,7 @@ def run_case(trace: str, dp: int, vpp: int, cap: int, n: int, seed: int) -> Case
             legacy[preset] = "crash"
     return Case(
         label=f"{trace} dp={dp} vpp={vpp} cap={cap} n={n}",
-        k_lb=k_lower_bound(lengths, cap, dp, align),
-        k_plain=microbatch_lower_bound(lengths, cap, dp, align),
+        k_lb=microbatch_lower_bound(lengths, cap, dp, align),
         results=results,
         legacy=legacy,
     )
@@ -437,7 +427,6 @@ def bench_quality(
                     name,
                     _fmt(r, "k", "d"),
                     c.k_lb,
-                    c.k_plain,
                     _fmt(r, "violations", "d"),
                     _fmt(r, "empty", "d"),
                     _fmt(r, "max_over_lb", ".4f"),
@@ -454,8 +443,7 @@ def bench_quality(
             )
     print_table(
         "Quality per case (one step of n samples; K per rank, K_lb its lower bound (Martello-Toth "
-        "L2, what the planner uses), K_plain the plain one (tokens/cap, samples over cap/2); "
-        "max/LB = "
+        "L2, what the planner uses and batch/num_microbatches_lb logs); max/LB = "
         "largest micro-batch / proven lower bound at that K (batch/mb_tokens_lb); imbalances "
         "max/mean; flopsmax/LB = largest micro-batch FLOPs / proven bound on it at that K (a "
         "lower K raises the mean, so imbalances compare only at equal K); FLOPs a·L + b·L² of "
@@ -466,7 +454,6 @@ def bench_quality(
             "method",
             "K",
             "K_lb",
-            "K_plain",
             "viol",
             "empty",
             "max/LB",
