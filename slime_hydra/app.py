@@ -19,7 +19,6 @@ from slime_hydra.instantiate import build, factory
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_run_files
 from slime_hydra.schedule import violations
-from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.train.job import Job
 from slime_hydra.train.nodes import node_rank
 from slime_hydra.train.rank_output import setup_rank_output
@@ -67,14 +66,17 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
             "; ".join(broken[:3]),
         )
     return Job(
-        cfg=cfg,
         run=run,
         layout=layout,
         strategy=strategy,
         rollout=rollout,
         schedule=schedule,
-        flops_coefficients=flops_coefficients(dims),
+        dims=dims,
+        seed=cfg.seed,
         iterator=factory(cfg.iterator),
+        pad_multiple=cfg.iterator.get("pad_multiple"),
+        logger=factory(cfg.logger),
+        tokenizer=OmegaConf.select(cfg, "data.tokenizer"),
     )
 
 

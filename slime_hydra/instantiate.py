@@ -20,10 +20,11 @@ log = logging.getLogger("slime_hydra.config")
 
 def factory(node: DictConfig) -> Any:
     """Instantiate a `_target_` node partially: a callable that takes the runtime arguments
-    (kept as objects, not converted to config), surfacing our errors unwrapped."""
+    (kept as objects, not converted to config), surfacing our errors unwrapped. Its settings are
+    plain Python values (`_convert_="all"`), so what it builds holds no config tree."""
     log.info("Instantiating <%s>", node._target_)
     try:
-        return instantiate(node, _partial_=True)
+        return instantiate(node, _partial_=True, _convert_="all")
     except InstantiationException as exc:
         if isinstance(exc.__cause__, SlimeHydraError):
             raise exc.__cause__ from None

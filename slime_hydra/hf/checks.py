@@ -24,9 +24,8 @@ def model_dims(model: Mapping[str, Any]) -> ModelDims:
     return ModelDims.from_mapping(model)
 
 
-def check_model_source(cfg: DictConfig, export_hf: bool) -> ModelDims:
+def check_model_source(dims: ModelDims, tokenizer: str | None, export_hf: bool) -> None:
     """The weights a trainer will load, the tokenizer the rollout came from, the export."""
-    dims = model_dims(cfg.model)
     if dims.path is None:
         if dims.require_path:
             raise SlimeHydraError(
@@ -42,12 +41,10 @@ def check_model_source(cfg: DictConfig, export_hf: bool) -> ModelDims:
                 f"trainer.export_hf=true writes a Qwen2 checkpoint, but model {dims.name} is "
                 "not Qwen2-shaped (swiglu, RMSNorm, add_qkv_bias); drop trainer.export_hf."
             )
-        return dims
+        return
     ckpt = HfCheckpoint.open(dims.path)
     ckpt.check_weights()
-    tokenizer = OmegaConf.select(cfg, "data.tokenizer")
     if tokenizer:
         from slime_hydra.hf.tokenizer import check_tokenizer_matches
 
-        check_tokenizer_matches(str(tokenizer), ckpt)
-    return dims
+        check_tokenizer_matches(tokenizer, ckpt)

@@ -6,11 +6,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from omegaconf import DictConfig
-
 from slime_hydra.data.rollout import RolloutBatch
-from slime_hydra.log.sink import RunInfo
+from slime_hydra.log.sink import RunInfo, Sink
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
+from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
 if TYPE_CHECKING:  # the packer imports torch; the app and --help do not need it
     from slime_hydra.data.iterator import MicrobatchIterator
@@ -18,17 +17,27 @@ if TYPE_CHECKING:  # the packer imports torch; the app and --help do not need it
 
 @dataclass(frozen=True)
 class Job:
-    """The config, the run's identity and dir, the rollout and its schedule, the FLOPs model,
-    and the micro-batch iterator's factory (the `iterator` group, instantiated partially)."""
+    """What a trainer and its workers get, typed and frozen (no config tree to parse again):
+    the run's identity and dir, the layout and strategy, the rollout and its schedule, the
+    model's dims, the seed, the tokenizer the rollout came from, and the factories of the
+    micro-batch iterator and the logger (their groups, instantiated partially)."""
 
-    cfg: DictConfig
     run: RunInfo
     layout: ParallelLayout
     strategy: BatchingStrategy
     rollout: RolloutBatch
     schedule: Schedule
-    flops_coefficients: tuple[float, float]
+    dims: ModelDims
+    seed: int
     iterator: Callable[..., MicrobatchIterator]
+    pad_multiple: int | None
+    logger: Callable[..., Sink]
+    tokenizer: str | None = None
+
+    @property
+    def flops_coefficients(self) -> tuple[float, float]:
+        """(a, b) of the cost a·L + b·L² of a sequence of L tokens under this model."""
+        return flops_coefficients(self.dims)
 
     def batch_metrics(self, index: int) -> dict[str, float | int | None]:
         """The batch/* metrics of the schedule's step `index` (0-based)."""

@@ -19,7 +19,6 @@ from megatron.core import parallel_state
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sink import Sink, step_number
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.train import checkpoint
@@ -111,7 +110,7 @@ def run_steps(
                 eta,
             )
         if step == num_steps or (trainer.save_interval and step % trainer.save_interval == 0):
-            save(engine, job, env, step, digest, counters)
+            save(engine, job, env, step, digest, counters, trainer.export_hf)
 
 
 def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) -> bool:
@@ -160,10 +159,11 @@ def save(
     steps_done: int,
     digest: str,
     counters: dict[str, int] | None = None,
+    export: bool = False,
 ) -> None:
     """Every rank saves its state after step `steps_done`; once all have, rank 0 marks the
-    checkpoint as the latest; with trainer.export_hf, all ranks then write <run dir>/hf/
-    together."""
+    checkpoint as the latest; with `export` (trainer.export_hf), all ranks then write
+    <run dir>/hf/ together."""
     run_dir = job.run.run_dir
     checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, counters)
     dist.barrier()
@@ -174,9 +174,9 @@ def save(
             steps_done,
             checkpoint.checkpoint_root(run_dir),
         )
-    if job.cfg.trainer.get("export_hf"):
+    if export:
         from slime_hydra.hf.bridge import export_hf
 
-        export_hf(engine.chunks, model_dims(job.cfg.model), run_dir / "hf")
+        export_hf(engine.chunks, job.dims, run_dir / "hf")
         if env.rank == 0:
             log.info("Exported the model after step %d to %s", steps_done, run_dir / "hf")

@@ -7,7 +7,6 @@ import logging
 import math
 from dataclasses import dataclass
 
-from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sink import step_number
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
@@ -50,8 +49,8 @@ class PlanTrainer:
         table (plan mode's output, whatever the logger); return the simulated seconds of all
         steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
         needs more than trainer.memory_limit_gib per GPU."""
-        dims = model_dims(job.cfg.model)
-        sink = open_sinks(job.cfg.logger, job.run, job.schedule, table=True)
+        dims = job.dims
+        sink = open_sinks(job.logger, job.run, job.schedule, table=True)
         total = 0.0
         try:
             for step in job.schedule.steps:

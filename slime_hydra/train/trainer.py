@@ -11,12 +11,10 @@ import logging
 from dataclasses import dataclass
 from typing import ClassVar
 
-from omegaconf import OmegaConf
-
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.hf.checks import check_model_source, model_dims
+from slime_hydra.hf.checks import check_model_source
 from slime_hydra.train.checks import (
     check_cpu_layout,
     check_gpu_count,
@@ -98,13 +96,13 @@ class CpuTrainer:
             max_restarts=(self.max_restarts, 0, None),
             nproc_per_node=(self.nproc_per_node, 1, None),
         )
-        dims = check_model_source(job.cfg, self.export_hf)
+        check_model_source(job.dims, job.tokenizer, self.export_hf)
         self.check_layout(job)
         check_vpp(job.layout, job.schedule)
-        check_model_split(job.layout, dims.num_layers)
+        check_model_split(job.layout, job.dims.num_layers)
         from slime_hydra.data.iterator import padding
 
-        padding(OmegaConf.select(job.cfg, "iterator.pad_multiple"), job.layout.tp, job.layout.cp)
+        padding(job.pad_multiple, job.layout.tp, job.layout.cp)
         env = torchrun_env()
         if env is None:
             nodes, procs = node_count(), self.num_procs(job)
@@ -114,7 +112,7 @@ class CpuTrainer:
             check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
         check_trainable(job.schedule, job.strategy)
         check_steps(self.num_steps(job), self.save_interval, self.max_steps, self.fail_at_step)
-        model = dataclasses.asdict(dims)
+        model = dataclasses.asdict(job.dims)
         procs = env.local_world_size if env is not None else self.num_procs(job)
         check_rollout_fits(job.rollout, model, procs)
         if self.resume or (env is not None and env.restart_count > 0):
@@ -143,8 +141,7 @@ class CpuTrainer:
         has run `check` before writing the run dir)."""
         job = dataclasses.replace(
             job,
-            cfg=OmegaConf.create(OmegaConf.to_container(job.cfg, resolve=True)),
-            rollout=with_tokens(job.rollout, model_dims(job.cfg.model).vocab_size, job.cfg.seed),
+            rollout=with_tokens(job.rollout, job.dims.vocab_size, job.seed),
         )
         if torchrun_env() is not None:
             from slime_hydra.train.worker import train

@@ -12,7 +12,6 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train import checkpoint, cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
@@ -69,21 +68,20 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
     on CPU, megatron's CUDA placements are mapped to the CPU first (train/cpu_shim.py)."""
     if trainer.device == "cpu":
         cpu_shim.apply()
-    dims = model_dims(job.cfg.model)
     engine = MegatronEngine(
-        dims,
+        job.dims,
         job.layout,
         OptimizerSettings(trainer.lr, trainer.weight_decay, trainer.clip_grad),
         PolicyLoss(trainer.eps_clip, trainer.eps_clip_high),
-        seed=job.cfg.seed,
+        seed=job.seed,
         device=trainer.device,
         params_dtype=getattr(torch, trainer.params_dtype),
         use_distributed_optimizer=trainer.use_distributed_optimizer,
     )
-    if dims.path is not None:  # model=hf: its weights replace the seeded ones
+    if job.dims.path is not None:  # model=hf: its weights replace the seeded ones
         from slime_hydra.hf.bridge import load_into_engine
 
-        load_into_engine(engine, dims)
+        load_into_engine(engine, job.dims)
     return engine
 
 
@@ -114,12 +112,12 @@ def train(trainer: CpuTrainer, job: Job) -> None:
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
     try:
         check_same_run_dir(job)
-        seed_everything(job.cfg.seed)
+        seed_everything(job.seed)
         engine = build_engine(trainer, job)
         done, counters = steps_done(trainer, job, env, engine)
         sink = None
         if env.rank == 0:  # metrics.jsonl keeps the rows of the steps done: each step once
-            sink = open_sinks(job.cfg.logger, job.run, job.schedule, done)
+            sink = open_sinks(job.logger, job.run, job.schedule, done)
         # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
+import pickle
 from pathlib import Path
 
 import numpy as np
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import Container, OmegaConf
 
 from slime_hydra import app
 from slime_hydra.config import build
@@ -117,6 +120,36 @@ def test_fault_step_may_be_the_first_or_last_step(job_of, step):
 def test_a_sound_job_passes(job_of):
     trainer, job = job_of("trainer.save_interval=1")
     trainer.check(job)
+
+
+def config_objects(value: object, path: str = "job") -> list[str]:
+    """Where a config tree (DictConfig, ListConfig) hides in `value`: dataclass fields, the
+    settings of a partial, dict values and sequence items, walked down."""
+    if isinstance(value, Container):
+        return [path]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, functools.partial):
+        parts = [("args", value.args), *value.keywords.items()]
+    elif isinstance(value, dict):
+        parts = list(value.items())
+    elif isinstance(value, list | tuple):
+        parts = list(enumerate(value))
+    else:
+        return []
+    return [hit for name, v in parts for hit in config_objects(v, f"{path}.{name}")]
+
+
+def test_workers_get_a_frozen_job_with_no_config_tree(job_of):
+    """What the workers unpickle is typed: no DictConfig to parse again, nothing to mutate."""
+    trainer, job = job_of("logger=wandb", "logger.tags=[a,b]")
+    assert config_objects(job) == []
+    assert config_objects(trainer) == []
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        job.seed = 0  # type: ignore[misc]
+    again = pickle.loads(pickle.dumps(job))
+    assert (again.dims, again.seed, again.layout) == (job.dims, job.seed, job.layout)
+    assert again.logger.keywords["tags"] == ["a", "b"]
 
 
 def test_empty_micro_batch_is_refused_naming_the_preset():
