@@ -1,8 +1,6 @@
-"""Hugging Face checkpoints: Qwen2-family config.json and safetensors in (dims, weights) and out
-(`trainer.export_hf`), and their tokenizer.
-
-`checkpoint` reads config.json and the safetensors headers in plain Python (no torch), so
-config validation and `trainer=plan` stay light; `bridge` moves the weights between an HF
-checkpoint and our megatron-core chunks with mbridge; `tokenizer` loads the checkpoint's
-tokenizer offline and checks it against the model.
+"""Hugging Face checkpoints, read without torch: Qwen2-family config.json and safetensors
+headers (`checkpoint`: dims and weight shapes, so config validation and `trainer=plan` stay
+light), the checks a trainer makes before its workers start (`checks`), and the checkpoint's
+tokenizer, loaded offline and checked against the model (`tokenizer`). Moving the weights into
+and out of our megatron-core chunks is training's job: train/hf_bridge.py.
 """

@@ -175,7 +175,7 @@ def save(
             checkpoint.checkpoint_root(run_dir),
         )
     if export:
-        from slime_hydra.hf.bridge import export_hf
+        from slime_hydra.train.hf_bridge import export_hf
 
         export_hf(engine.chunks, job.dims, run_dir / "hf")
         if env.rank == 0:

@@ -79,7 +79,7 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
         use_distributed_optimizer=trainer.use_distributed_optimizer,
     )
     if job.dims.path is not None:  # model=hf: its weights replace the seeded ones
-        from slime_hydra.hf.bridge import load_into_engine
+        from slime_hydra.train.hf_bridge import load_into_engine
 
         load_into_engine(engine, job.dims)
     return engine

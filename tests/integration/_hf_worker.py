@@ -22,13 +22,13 @@ from megatron.core.packed_seq_params import PackedSeqParams
 
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.text import TextRollouts
-from slime_hydra.hf.bridge import export_hf, load_hf_weights, load_into_engine, unwrap
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
 from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.engine import MegatronEngine, PolicyLoss
+from slime_hydra.train.hf_bridge import export_hf, load_hf_weights, load_into_engine, unwrap
 from slime_hydra.train.loop import rank_microbatches
 from slime_hydra.train.model import build_model_chunks
 from slime_hydra.train.optimizer import OptimizerSettings
