@@ -207,10 +207,10 @@ def sequence_flops(lengths: Iterable[int], coefficients: tuple[int, int]) -> int
 
 
 def step_flops(schedule: Mapping[str, Any], step: int, coefficients: tuple[int, int]) -> int:
-    """Model FLOPs of metrics.jsonl's step `step` (counted from 1) in a run's schedule.json
-    (whose `step` is the 0-based index): every sample of every rank."""
+    """Model FLOPs of step `step` (counted from 1, in metrics.jsonl as in schedule.json) of a
+    run's schedule.json: every sample of every rank."""
     lengths = schedule["lengths"]
-    entry = next(s for s in schedule["steps"] if s["step"] == step - 1)
+    entry = next(s for s in schedule["steps"] if s["step"] == step)
     samples = [i for rank in entry["ranks"] for mb in rank for i in mb]
     return sequence_flops((lengths[i] for i in samples), coefficients)
 

@@ -17,6 +17,7 @@ import numpy as np
 from slime_hydra.data.packing import PackedMicrobatch, pack_microbatch
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule.schedule import step_number
 
 
 def padding(pad_multiple: int | None, tp_size: int, cp_size: int) -> int:
@@ -68,7 +69,7 @@ class MicrobatchIterator(Iterable[PackedMicrobatch]):
                 f"MicrobatchIterator: cp_rank={cp_rank} is outside [0, cp_size={cp_size})."
             )
         self.pad_multiple = padding(pad_multiple, tp_size, cp_size)
-        where = f"step {step}, DP rank {dp_rank}"
+        where = f"step {step_number(step)}, DP rank {dp_rank}"
         n = len(batch)
         self._microbatches: list[np.ndarray] = []
         for m, mb in enumerate(microbatches):

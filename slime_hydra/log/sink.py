@@ -12,18 +12,6 @@ if TYPE_CHECKING:
 Metrics = dict[str, Any]
 
 
-def step_number(index: int) -> int:
-    """The number users see for the schedule's step `index` (`Schedule.steps` is 0-indexed):
-    steps count from 1 in metrics, wandb, the console, checkpoint dirs and trainer.* settings,
-    as megatron's iterations do (step k of N; the checkpoint after it is named k)."""
-    return index + 1
-
-
-def step_index(step: int) -> int:
-    """The index into `Schedule.steps` of user-facing step number `step` (see step_number)."""
-    return step - 1
-
-
 @dataclass(frozen=True)
 class RunInfo:
     """Who this run is, read from Hydra in the launching process and handed to every sink, so

@@ -19,9 +19,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from slime_hydra.log.sink import Metrics, RunInfo, step_index
+from slime_hydra.log.sink import Metrics, RunInfo
 from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule, breaks_cap
+from slime_hydra.schedule.schedule import step_index
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,13 @@ from slime_hydra.schedule.invariants import violations
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.legacy import SlimeLegacyBatching
 from slime_hydra.schedule.metrics import microbatch_lower_bound, step_metrics
-from slime_hydra.schedule.schedule import Schedule, StepSchedule, breaks_cap
+from slime_hydra.schedule.schedule import (
+    Schedule,
+    StepSchedule,
+    breaks_cap,
+    step_index,
+    step_number,
+)
 from slime_hydra.schedule.strategy import BatchingStrategy
 
 __all__ = [
@@ -19,6 +25,8 @@ __all__ = [
     "StepSchedule",
     "breaks_cap",
     "microbatch_lower_bound",
+    "step_index",
     "step_metrics",
+    "step_number",
     "violations",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import Schedule, breaks_cap
+from slime_hydra.schedule.schedule import Schedule, breaks_cap, step_number
 
 
 def violations(
@@ -26,7 +26,7 @@ def violations(
     seen: dict[int, int] = {}
     step_of_group: dict[int, int] = {}
     for st in schedule.steps:
-        where = f"step {st.step}"
+        where = f"step {step_number(st.step)}"
         if len(st.ranks) != layout.dp:
             found.append(f"{where}: {len(st.ranks)} DP ranks, expected {layout.dp}")
         counts = {len(rank) for rank in st.ranks}

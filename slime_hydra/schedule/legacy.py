@@ -28,7 +28,7 @@ from slime_hydra.partition.slime_kk import (
 )
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.schedule import Schedule, StepSchedule
-from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches
+from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
 
 
 class VppRounding(StrEnum):
@@ -92,11 +92,10 @@ class SlimeLegacyBatching(BatchingStrategy):
         return self._plan_rollout(lengths, samples, len(samples), step)[0][0]
 
     def _crash(self, step: int | None, what: str) -> SlimeHydraError:
-        at = "" if step is None else f"step {step}: "
         return SlimeHydraError(
-            f"{at}slime would crash here: batching={self.preset} reproduces slime's code, which "
-            f"raises {what}. This is the legacy preset's measured behaviour, not a bug to fix; "
-            "use batching=dynamic for a schedule that plans this rollout."
+            f"{where(step)}slime would crash here: batching={self.preset} reproduces slime's "
+            f"code, which raises {what}. This is the legacy preset's measured behaviour, not a "
+            "bug to fix; use batching=dynamic for a schedule that plans this rollout."
         )
 
     def _plan_rollout(

@@ -16,6 +16,19 @@ def breaks_cap(num_samples: int, tokens: int, cap: int | None) -> bool:
     return cap is not None and num_samples > 1 and tokens > cap
 
 
+
+def step_number(index: int) -> int:
+    """The number users see for the schedule's step `index` (`Schedule.steps` is 0-indexed):
+    steps count from 1 in metrics, wandb, the console, checkpoint dirs and trainer.* settings,
+    as megatron's iterations do (step k of N; the checkpoint after it is named k)."""
+    return index + 1
+
+
+def step_index(step: int) -> int:
+    """The index into `Schedule.steps` of user-facing step number `step` (see step_number)."""
+    return step - 1
+
+
 @dataclass(frozen=True)
 class StepSchedule:
     """One optimizer step: `ranks[r][m]` is micro-batch m of DP rank r."""
@@ -60,13 +73,13 @@ class Schedule:
         return self.steps[step].microbatch_tokens(self.lengths)
 
     def to_json(self) -> dict[str, Any]:
-        """The schedule.json document of DESIGN.md."""
+        """The schedule.json document of DESIGN.md (its steps numbered from 1, as users count)."""
         return {
             "lengths": list(self.lengths),
             "cap": self.cap,
             "steps": [
                 {
-                    "step": s.step,
+                    "step": step_number(s.step),
                     "num_microbatches": s.num_microbatches,
                     "ranks": [[list(mb) for mb in rank] for rank in s.ranks],
                 }
@@ -80,5 +93,7 @@ class Schedule:
         return cls(
             lengths=tuple(doc["lengths"]),
             cap=doc["cap"],
-            steps=tuple(StepSchedule.build(s["step"], s["ranks"]) for s in doc["steps"]),
+            steps=tuple(
+                StepSchedule.build(step_index(s["step"]), s["ranks"]) for s in doc["steps"]
+            ),
         )

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import Schedule, StepSchedule
+from slime_hydra.schedule.schedule import Schedule, StepSchedule, step_number
 from slime_hydra.schedule.steps import split_steps
 
 RankMicrobatches = list[list[list[int]]]
@@ -88,4 +88,4 @@ class BatchingStrategy(ABC):
 
 def where(step: int | None) -> str:
     """'step N: ' for messages about one step, '' for messages about the config."""
-    return "" if step is None else f"step {step}: "
+    return "" if step is None else f"step {step_number(step)}: "

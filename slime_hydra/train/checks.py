@@ -9,8 +9,8 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.log.sink import step_number
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule
+from slime_hydra.schedule.schedule import step_number
 
 
 def check_world_size(layout: ParallelLayout, world_size: int, source: str) -> None:

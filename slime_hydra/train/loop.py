@@ -1,7 +1,7 @@
 """The step loop every rank runs: fault injection, one engine step per scheduled step,
 metrics and a progress line on rank 0, checkpoints on the save interval and at the end.
 
-The schedule's steps are 0-indexed; everything users see counts from 1 (log/sink.step_number):
+The schedule's steps are 0-indexed; everything users see counts from 1 (schedule.step_number):
 step k of N in metrics and the console, the checkpoint after step k named k, trainer.* steps."""
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from megatron.core import parallel_state
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.log.sink import Sink, step_number
+from slime_hydra.log.sink import Sink
 from slime_hydra.schedule import StepSchedule
+from slime_hydra.schedule.schedule import step_number
 from slime_hydra.train import checkpoint
 from slime_hydra.train.engine import MegatronEngine, StepResult
 from slime_hydra.train.job import Job

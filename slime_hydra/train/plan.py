@@ -7,13 +7,13 @@ import logging
 import math
 from dataclasses import dataclass
 
-from slime_hydra.log.sink import step_number
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.memory import GIB, MemoryModel
 from slime_hydra.schedule.pipeline import simulate_pipeline
+from slime_hydra.schedule.schedule import step_number
 from slime_hydra.train.checks import check_knobs
 from slime_hydra.train.job import Job
 

@@ -29,9 +29,8 @@ def test_plan_mode_writes_config_metrics_and_a_checkable_schedule(tmp_path):
     assert (tmp_path / "config.yaml").read_text().count("max_tokens_per_gpu: 6000") == 1
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     doc = json.loads((tmp_path / "schedule.json").read_text())
-    # schedule.json lists the steps in order (its `step` is the 0-based index); users count
-    # steps from 1 (metrics, wandb, console).
-    assert [s["step"] for s in doc["steps"]] == [0, 1, 2, 3]
+    # Steps count from 1 in schedule.json as in metrics (and wandb, the console).
+    assert [s["step"] for s in doc["steps"]] == [1, 2, 3, 4]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     lengths, cap = doc["lengths"], doc["cap"]
     assert cap == 6000 and len(lengths) == 512

@@ -103,21 +103,20 @@ def test_qwen2_5_1_5b_flops_per_token():
 
 
 def schedule_doc():
-    # Lengths 100, 200, 300, 400; step 0 = samples 0,1 (one rank, two micro-batches),
-    # step 1 = samples 2,3 (two ranks).
+    # Lengths 100, 200, 300, 400; step 1 = samples 0,1 (one rank, two micro-batches),
+    # step 2 = samples 2,3 (two ranks).
     return {
         "lengths": [100, 200, 300, 400],
         "cap": 1000,
         "steps": [
-            {"step": 0, "num_microbatches": 2, "ranks": [[[0], [1]]]},
-            {"step": 1, "num_microbatches": 1, "ranks": [[[2]], [[3]]]},
+            {"step": 1, "num_microbatches": 2, "ranks": [[[0], [1]]]},
+            {"step": 2, "num_microbatches": 1, "ranks": [[[2]], [[3]]]},
         ],
     }
 
 
 def test_step_flops_reads_every_rank_and_micro_batch():
     doc = schedule_doc()
-    # metrics.jsonl counts steps from 1; schedule.json's `step` is the 0-based index.
     assert gc.step_flops(doc, 1, (1, 0)) == 300
     assert gc.step_flops(doc, 2, (1, 1)) == 300 + 300**2 + 400 + 400**2
 
@@ -160,7 +159,7 @@ def rows():
 
 def test_summarize_run_by_hand():
     doc = schedule_doc()
-    doc["steps"].append({"step": 2, "num_microbatches": 1, "ranks": [[[2, 3]]]})
+    doc["steps"].append({"step": 3, "num_microbatches": 1, "ranks": [[[2, 3]]]})
     out = gc.summarize_run(rows(), doc, (1e12, 0), peaks={"p": 100e12})
     assert out["timed_steps"] == [2, 3]
     assert out["step_s"] == pytest.approx(4.0)
@@ -352,7 +351,7 @@ def run_record(group, cap, status="ok", rows_=None, schedule=None):
 
 def test_assemble_results():
     doc = schedule_doc()
-    doc["steps"].append({"step": 2, "num_microbatches": 1, "ranks": [[[2, 3]]]})
+    doc["steps"].append({"step": 3, "num_microbatches": 1, "ranks": [[[2, 3]]]})
     loss_rows = [{"step": 1, "train/loss": 0.3}, {"step": 2, "train/loss": 0.2}]
     slow = [
         {**r, "perf/tokens_per_s": r["perf/tokens_per_s"] / 2, "perf/step_s": r["perf/step_s"] * 2}

@@ -33,8 +33,8 @@ SCHEDULE = {
     "lengths": LENGTHS,
     "cap": 10,
     "steps": [
-        {"step": 0, "num_microbatches": 2, "ranks": [[[0, 1], [2]], [[3], [4]]]},
-        {"step": 1, "num_microbatches": 2, "ranks": [[[5, 0]], []]},
+        {"step": 1, "num_microbatches": 2, "ranks": [[[0, 1], [2]], [[3], [4]]]},
+        {"step": 2, "num_microbatches": 2, "ranks": [[[5, 0]], []]},
     ],
 }
 BATCH = {

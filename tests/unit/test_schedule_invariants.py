@@ -206,3 +206,19 @@ def test_violations_reports_each_kind_of_fault():
         "never scheduled",
     ):
         assert needle in found
+
+
+def test_schedule_json_counts_steps_from_1_and_reads_back() -> None:
+    # Two steps of one rank: schedule.json names them 1 and 2 (as metrics.jsonl does), and
+    # reading it back gives the schedule's 0-based steps.
+    schedule = Schedule(
+        lengths=(3, 4, 5),
+        cap=10,
+        steps=(StepSchedule.build(0, [[[0, 1]]]), StepSchedule.build(1, [[[2]]])),
+    )
+    doc = schedule.to_json()
+    assert [s["step"] for s in doc["steps"]] == [1, 2]
+    assert doc["steps"][1] == {"step": 2, "num_microbatches": 1, "ranks": [[[2]]]}
+    again = Schedule.from_json(doc)
+    assert [s.step for s in again.steps] == [0, 1]
+    assert again.microbatch_tokens(0) == [[7]]
