@@ -17,7 +17,6 @@ import numpy as np
 from slime_hydra.data.packing import PackedMicrobatch, pack_microbatch
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.schedule.schedule import step_number
 
 
 def padding(pad_multiple: int | None, tp_size: int, cp_size: int) -> int:
@@ -45,6 +44,7 @@ class MicrobatchIterator(Iterable[PackedMicrobatch]):
     all passes share one packing of each micro-batch. The schedule is checked when the object
     is built, before any packing. `pad_multiple=None` pads to tp × 128 tokens (what TE's
     kernels and sequence parallelism want); the CP layout is the zig-zag of TE's THD kernels.
+    `step` is the step's number as users read it (from 1), named in errors.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class MicrobatchIterator(Iterable[PackedMicrobatch]):
                 f"MicrobatchIterator: cp_rank={cp_rank} is outside [0, cp_size={cp_size})."
             )
         self.pad_multiple = padding(pad_multiple, tp_size, cp_size)
-        where = f"step {step_number(step)}, DP rank {dp_rank}"
+        where = f"step {step}, DP rank {dp_rank}"
         n = len(batch)
         self._microbatches: list[np.ndarray] = []
         for m, mb in enumerate(microbatches):

@@ -132,11 +132,10 @@ def test_seq_length_is_the_longest_packed_microbatch_over_the_cp_group():
 
 
 def test_empty_microbatch_is_refused_with_its_place():
-    """An empty micro-batch is named by step (counted from 1: index 7 is step 8), DP rank and
-    micro-batch index."""
+    """An empty micro-batch is named by step, DP rank and micro-batch index."""
     batch = random_batch(1, 6, 10)
     with pytest.raises(SlimeHydraError, match=r"step 8, DP rank 2: micro-batch 1 is empty"):
-        MicrobatchIterator(batch, [[0, 1], [], [2]], step=7, dp_rank=2)
+        MicrobatchIterator(batch, [[0, 1], [], [2]], step=8, dp_rank=2)
 
 
 def test_out_of_range_index_is_refused_with_its_place():
@@ -145,7 +144,7 @@ def test_out_of_range_index_is_refused_with_its_place():
     with pytest.raises(
         SlimeHydraError, match=r"step 1, DP rank 1: micro-batch 2 holds sample index 6"
     ):
-        MicrobatchIterator(batch, [[0], [1], [2, 6]], step=0, dp_rank=1)
+        MicrobatchIterator(batch, [[0], [1], [2, 6]], step=1, dp_rank=1)
     with pytest.raises(SlimeHydraError, match="sample index -1"):
         MicrobatchIterator(batch, [[-1]], step=0, dp_rank=1)
 
