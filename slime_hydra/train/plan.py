@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
-from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.memory import GIB, MemoryModel
 from slime_hydra.schedule.pipeline import simulate_pipeline
 from slime_hydra.schedule.schedule import step_number
@@ -49,7 +48,6 @@ class PlanTrainer:
         table (plan mode's output, whatever the logger); return the simulated seconds of all
         steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
         needs more than trainer.memory_limit_gib per GPU."""
-        dims = job.dims
         sink = open_sinks(job.logger, job.run, job.schedule, table=True)
         total = 0.0
         try:
@@ -57,7 +55,7 @@ class PlanTrainer:
                 metrics = {
                     "step": step_number(step.step),
                     **job.batch_metrics(step.step),
-                    **self.simulate(job, step, dims),
+                    **self.simulate(job, step),
                 }
                 sink.log(metrics)
                 broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
@@ -83,12 +81,12 @@ class PlanTrainer:
         )
         return math.inf
 
-    def simulate(self, job: Job, step: StepSchedule, dims: ModelDims) -> dict[str, float | int]:
+    def simulate(self, job: Job, step: StepSchedule) -> dict[str, float | int]:
         """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
         pipeline stages of all DP ranks over it, the peak micro-batch tokens per GPU, and the
-        peak memory of the fullest GPU (schedule/memory.py) for a model of these dims."""
+        peak memory of the fullest GPU (schedule/memory.py) for the job's model."""
         layout, lengths = job.layout, job.schedule.lengths
-        memory = MemoryModel(dims, layout, self.use_distributed_optimizer)
+        memory = MemoryModel(job.dims, layout, self.use_distributed_optimizer)
         linear, quadratic = job.flops_coefficients
         # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
         per_s = 3 * self.achieved_tflops * 1e12 * layout.tp * layout.cp

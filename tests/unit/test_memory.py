@@ -113,11 +113,13 @@ def test_plan_mode_logs_the_peak_of_the_fullest_rank():
     # peak is the pp=1 case above, 2888 × 18 + 28800 = 80784 bytes.
     step = StepSchedule.build(0, [[[0], [1], [2]], [[3]]])
     schedule = Schedule((10, 20, 30, 5), None, (step,))
-    job = SimpleNamespace(layout=ParallelLayout(dp=2), schedule=schedule, flops_coefficients=(1, 0))
-    sim = PlanTrainer().simulate(job, step, TOY)
+    job = SimpleNamespace(
+        layout=ParallelLayout(dp=2), schedule=schedule, flops_coefficients=(1, 0), dims=TOY
+    )
+    sim = PlanTrainer().simulate(job, step)
     assert sim["sim/peak_memory_gib"] == pytest.approx(80784 / GIB)
     # The distributed optimizer shards 12 of the 18 bytes over dp=2: 2888 × 12 fewer bytes.
-    sharded = PlanTrainer(use_distributed_optimizer=True).simulate(job, step, TOY)
+    sharded = PlanTrainer(use_distributed_optimizer=True).simulate(job, step)
     assert sharded["sim/peak_memory_gib"] == pytest.approx((80784 - 2888 * 6) / GIB)
 
 
