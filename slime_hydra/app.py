@@ -17,7 +17,14 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.instantiate import build, factory
 from slime_hydra.log.sink import RunInfo
-from slime_hydra.rundir import RunDirError, RunDirLock, claim, holds_run, write_run_files
+from slime_hydra.rundir import (
+    ERROR_FILE,
+    RunDirError,
+    RunDirLock,
+    claim,
+    holds_run,
+    write_run_files,
+)
 from slime_hydra.schedule import violations
 from slime_hydra.train.job import Job
 from slime_hydra.train.nodes import node_rank
@@ -130,6 +137,6 @@ def main(cfg: DictConfig) -> float | None:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             job_dir = Path(HydraConfig.get().runtime.output_dir)
             if not isinstance(exc, RunDirError) and not holds_run(job_dir):
-                (job_dir / "error.txt").write_text(f"{exc}\n")  # never into another run's dir
+                (job_dir / ERROR_FILE).write_text(f"{exc}\n")  # never into another run's dir
             return math.inf
         sys.exit(1)

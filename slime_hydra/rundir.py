@@ -34,6 +34,13 @@ LOG_FILE = "slime_hydra.log"
 """The run's log in its dir: Hydra's (conf/config.yaml's hydra.job.name names it), where rank 0's
 worker appends its progress too."""
 
+ERROR_FILE = "error.txt"
+"""Why a sweep job was refused, in its dir (app.main writes it; the report and the sweep's
+closing line read it)."""
+
+LOCK_FILE = ".lock"
+"""The lock a run takes on its dir before anything else (RunDirLock)."""
+
 RUN_FILES = ("config.yaml", "schedule.json", "metrics.jsonl", "checkpoints")
 """What makes a dir hold a run: any of these."""
 
@@ -87,7 +94,7 @@ class RunDirLock:
     """
 
     def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / ".lock"
+        self.path = Path(run_dir) / LOCK_FILE
         self._fd: int | None = None
         self._before = b""
 
@@ -236,6 +243,6 @@ def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: 
         atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
         overrides = OmegaConf.to_container(hydra.overrides.task)
         atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(overrides))
-    stale = run_dir / "error.txt"
+    stale = run_dir / ERROR_FILE
     if stale.is_file():  # a refused attempt's note; this run owns the dir now
         stale.unlink()

@@ -10,6 +10,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from slime_hydra.report.rundir import failed_jobs, sweep_jobs
+from slime_hydra.rundir import ERROR_FILE
 
 MAX_NAMED = 3
 """Failed jobs named one by one in the line; beyond, the line points at the sweep dir."""
@@ -25,8 +26,8 @@ def sweep_line(sweep_dir: Path) -> str:
     if not failed:
         return f"{head} ({sweep_dir})"
     if len(failed) > MAX_NAMED:
-        return f"{head} (see {sweep_dir}/*/error.txt)"
-    where = [job.path / "error.txt" if job.has_error_file else job.path for job in failed]
+        return f"{head} (see {sweep_dir}/*/{ERROR_FILE})"
+    where = [job.path / ERROR_FILE if job.has_error_file else job.path for job in failed]
     return f"{head} (see {', '.join(map(str, where))})"
 
 

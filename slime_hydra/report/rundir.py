@@ -9,6 +9,7 @@ from pathlib import Path
 
 from slime_hydra.log.sink import Metrics
 from slime_hydra.log.summary import run_summary
+from slime_hydra.rundir import ERROR_FILE, LOCK_FILE
 from slime_hydra.schedule import Schedule
 
 __all__ = [
@@ -21,7 +22,7 @@ __all__ = [
     "sweep_jobs",
 ]
 
-JOB_MARKS = ("metrics.jsonl", "error.txt", ".lock")
+JOB_MARKS = ("metrics.jsonl", ERROR_FILE, LOCK_FILE)
 """Files that make a sweep dir's subdir a job dir: the app takes `.lock` before anything else,
 a job that runs writes metrics.jsonl, one that is refused writes error.txt."""
 
@@ -67,12 +68,12 @@ class FailedJob:
     @property
     def has_error_file(self) -> bool:
         """Whether the job recorded its error (error.txt) rather than stopping without one."""
-        return (self.path / "error.txt").is_file()
+        return (self.path / ERROR_FILE).is_file()
 
     @classmethod
     def read(cls, path: Path) -> FailedJob:
         """The first non-empty line of `path`/error.txt, or a note that the job left none."""
-        error_file = path / "error.txt"
+        error_file = path / ERROR_FILE
         if not error_file.is_file():
             note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
             return cls(path, note)
