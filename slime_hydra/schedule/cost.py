@@ -69,6 +69,14 @@ class ModelDims:
         """Per-head query/key/value width."""
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
+    @property
+    def layer_matrix_params(self) -> int:
+        """Weights of one layer's matrices: QKV h·(n·d + 2·g·d), the output projection n·d·h,
+        the MLP k·h·f (k = 3 with SwiGLU, else 2); no biases, no norms."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * (2 * self.num_attention_heads * d + 2 * self.num_query_groups * d)
+        return attention + (3 if self.swiglu else 2) * h * self.ffn_hidden_size
+
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> ModelDims:
         """Build from a conf/model mapping (dict or DictConfig) that states every dim, naming
@@ -99,9 +107,6 @@ def flops_coefficients(dims: ModelDims) -> tuple[int, int]:
                         L·(L+1)/2 (query, key) pairs of a causal mask, per head and layer.
     So a = dense + 6·l·n·d and b = 6·l·n·d. Norms, softmax and activations are ignored.
     """
-    h, n, g, d = dims.hidden_size, dims.num_attention_heads, dims.num_query_groups, dims.head_dim
-    mlp = (3 if dims.swiglu else 2) * h * dims.ffn_hidden_size
-    per_layer = h * (2 * n * d + 2 * g * d) + mlp
-    dense = 6 * (dims.num_layers * per_layer + h * dims.vocab_size)
-    b = 6 * dims.num_layers * n * d
+    dense = 6 * (dims.num_layers * dims.layer_matrix_params + dims.hidden_size * dims.vocab_size)
+    b = 6 * dims.num_layers * dims.num_attention_heads * dims.head_dim
     return dense + b, b

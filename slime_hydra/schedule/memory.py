@@ -77,10 +77,10 @@ class MemoryModel:
     def stage_params(self, stage: int) -> float:
         """Parameters on one GPU of pipeline stage `stage`."""
         d, tp, pp = self.dims, self.layout.tp, self.layout.pp
-        h, n, g, hd = d.hidden_size, d.num_attention_heads, d.num_query_groups, d.head_dim
-        qkv = n * hd + 2 * g * hd
-        matrices = h * qkv + n * hd * h + (3 if d.swiglu else 2) * h * d.ffn_hidden_size
-        matrices += qkv if d.add_qkv_bias else 0
+        h = d.hidden_size
+        matrices = d.layer_matrix_params
+        if d.add_qkv_bias:
+            matrices += (d.num_attention_heads + 2 * d.num_query_groups) * d.head_dim
         norms = (2 if d.normalization == "RMSNorm" else 4) * h
         params = d.num_layers / pp * (matrices / tp + norms)
         embedding = d.vocab_size * h / tp
