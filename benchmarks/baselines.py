@@ -127,3 +127,20 @@ def textbook_kk_equal(weights: Sequence[int], k: int) -> list[list[int]]:
         heapq.heappush(heap, (merged[-1][0] - merged[0][0], tie, merged))
         tie += 1
     return [sorted(items) for _, items in heap[0][2]]
+
+
+def first_fit_bins(lengths: Sequence[int], cap: int) -> list[list[int]]:
+    """Plain first-fit: each sample, in order, into the first bin with room under `cap` (a bin
+    of its own when none has, or when it is over the cap). Lists of positions in `lengths`."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        for b, r in enumerate(room):
+            if r >= n:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(cap - n)
+    return bins

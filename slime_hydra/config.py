@@ -25,10 +25,10 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.instantiate import build
 from slime_hydra.log.wandb import WandbSink
-from slime_hydra.partition import CappedPartitioner
+from slime_hydra.partition import BalancedPacker
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.cost import flops_coefficients
-from slime_hydra.schedule.dynamic import Balance, DpSplit, Oversize
+from slime_hydra.schedule.dynamic import Balance, Oversize
 from slime_hydra.schedule.legacy import VppRounding
 from slime_hydra.train.plan import PlanTrainer
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
@@ -65,7 +65,7 @@ def schema_of_signature(cls: type, runtime: tuple[str, ...]) -> type:
     return make_dataclass(f"{cls.__name__}Config", specs)
 
 
-PartitionerConfig = schema_of(CappedPartitioner, "slime_hydra.partition.CappedPartitioner")
+PartitionerConfig = schema_of(BalancedPacker, "slime_hydra.partition.BalancedPacker")
 
 DEFAULT_MAX_TOKENS_PER_GPU = 8192
 """batching.max_tokens_per_gpu of the presets that need a cap (dynamic, legacy)."""
@@ -92,8 +92,6 @@ class DynamicBatchingConfig(BatchingConfig):
     max_tokens_per_gpu: int | None = DEFAULT_MAX_TOKENS_PER_GPU
     oversize: Oversize = Oversize.error
     """A sample over the cap: `error` (default) or `isolate` (alone in its own micro-batch)."""
-    dp_split: DpSplit = DpSplit.auto
-    """`pack` (pack the step, deal parts to ranks), `kk` (split ranks first) or `auto` (best)."""
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
     balance: Balance = Balance.tokens
     """`tokens` or `flops` (a·L + b·L² per sequence from the model group); the cap is hard."""

@@ -1,9 +1,12 @@
-"""Shared types of the partition library: the Partitioner protocol and its failure."""
+"""Shared types of the partition library: the Partitioner protocol, its work budget, its failure."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 Parts = list[list[int]]
 
@@ -12,27 +15,38 @@ class PartitionError(ValueError):
     """No partition satisfies the constraints (the caller adds the user-facing context)."""
 
 
-class Partitioner(Protocol):
-    """Splits item indices into non-empty parts, each within `cap`, with the count constrained.
+PASS_OVERHEAD = 3000
+"""A pass's fixed cost in item visits: its ~40 numpy calls take ~150 µs, 3,000 visits' time."""
 
-    The count K returned satisfies K >= min_parts and (K + offset) % align == 0; among such K the
-    smallest one the partitioner can fill is expected, with the largest part as small as it can,
-    though balancing below `floor` (a part the caller already has elsewhere) buys nothing.
-    `sizes`, when given, are what `cap` limits and `weights` what is balanced (FLOPs balance);
-    the caller passes it only then.
-    """
+
+@dataclass
+class Work:
+    """Improvement work allowed and spent, in item visits (deterministic, unlike a clock: every
+    rank that plans the same step stops at the same point)."""
+
+    budget: int
+    spent: int = 0
+
+    def charge(self, visits: int) -> None:
+        """Count one pass that visited `visits` items."""
+        self.spent += visits + PASS_OVERHEAD
+
+    @property
+    def left(self) -> bool:
+        return self.spent < self.budget
+
+
+class Partitioner(Protocol):
+    """Packs items into exactly `bins` non-empty bins, each of two or more items within `cap`
+    (sizes), as even in `weights` as `work` allows; None when it cannot. Dynamic batching's
+    partitioner (batching.partitioner); `tolerance` and `budget` are its settings."""
+
+    tolerance: float
+    budget: int
 
     def __call__(
-        self,
-        weights: Sequence[int],
-        cap: int,
-        *,
-        align: int = 1,
-        offset: int = 0,
-        min_parts: int = 1,
-        floor: int = 0,
-        sizes: Sequence[int] | None = None,
-    ) -> Parts: ...
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
+    ) -> np.ndarray | None: ...
 
 
 def align_up(k: int, align: int, offset: int = 0) -> int:

@@ -3,11 +3,13 @@
 
 For a candidate maximum T, any partition into `parts` parts of load <= T must satisfy:
 - every item is at most T, and the total is at most parts × T;
-- items over T/2 ("big") sit in distinct parts, so there are at most `parts` of them;
-- a part holds at most two items over T/3, so there are at most 2 × parts of them;
+- for every k >= 1 a part holds at most k items over T/(k+1) (k + 1 of them would weigh
+  more than T), so there are at most k × parts of them; with k = 1, the items over T/2
+  ("big") sit in distinct parts. For equal items this makes the bound exact;
 - for every size y, the small items of size >= y fit only into parts whose room left after
   their big item (T, or T - big) is >= y, so their total is at most the sum of those rooms.
-A T failing any test is below the optimum. Feasibility grows with T (a bigger T only adds
+A T failing any test is below the optimum. Beside them, without T: where n > k × parts items,
+some parts hold k + 1 or more (`_crowded_bound`). Feasibility grows with T (a bigger T only adds
 room), so the smallest T passing all tests, found by bisection, is a lower bound on the
 heaviest part of every partition; the tests are O(n log n) with numpy.
 """
@@ -24,11 +26,9 @@ def _passes(desc: np.ndarray, prefix: np.ndarray, parts: int, t: int) -> bool:
     `prefix` their inclusive cumulative sums."""
     if desc[0] > t or prefix[-1] > parts * t:
         return False
+    if not _few_per_part(desc, parts, t):
+        return False
     nbig = int(np.searchsorted(-2 * desc, -t, side="left"))  # items with 2w > t
-    if nbig > parts:
-        return False
-    if int(np.searchsorted(-3 * desc, -t, side="left")) > 2 * parts:
-        return False
     small = desc[nbig:]
     if small.size == 0:
         return True
@@ -38,6 +38,32 @@ def _passes(desc: np.ndarray, prefix: np.ndarray, parts: int, t: int) -> bool:
     fits = room_suffix[np.searchsorted(rooms, small, side="left")]
     supply = (parts - nbig) * t + fits
     return bool((demand <= supply).all())
+
+
+def _few_per_part(desc: np.ndarray, parts: int, t: int) -> bool:
+    """Whether, for every k, at most k × parts items (of `desc`, descending, each <= t) are
+    over t/(k+1). The j+1 largest items are all over t/(k+1) for k = ⌊t / desc[j]⌋ (the least
+    such k), so checking j + 1 <= ⌊t / desc[j]⌋ × parts for every j checks every k."""
+    return bool((np.arange(1, desc.size + 1) <= (t // desc) * parts).all())
+
+
+def _crowded_bound(asc_prefix: np.ndarray, parts: int) -> int:
+    """A bound on the heaviest part from item counts alone (`asc_prefix`: cumulative sums of
+    the items in ascending order, led by 0). For k with n > k × parts, let S be the s >= 1
+    parts holding k + 1 or more items (so (k+1)·s <= n); the others hold at most k each, so S
+    holds at least max(m + k·s, (k+1)·s) items, m = n - k × parts, which weigh at least as
+    much as that many smallest items: some part of S weighs ⌈that / s⌉ or more. The least over
+    s, the most over k. 10, 9, 8, 7, 6 in 2 parts: one holds three items, at least
+    6 + 7 + 8 = 21, above the mean of 20 and every test above (and reached: {10, 9}, {8, 7, 6}).
+    """
+    n = asc_prefix.size - 1
+    best = 0
+    for k in range(1, -(-n // parts)):
+        m = n - k * parts
+        s = np.arange(1, min(parts, n // (k + 1)) + 1)
+        held = np.maximum(m + k * s, (k + 1) * s)
+        best = max(best, int((-(-asc_prefix[held] // s)).min()))
+    return best
 
 
 def max_part_lower_bound(
@@ -54,11 +80,13 @@ def max_part_lower_bound(
         raise ValueError(f"max_part_lower_bound needs parts >= 1, got {parts}")
     desc = np.sort(np.asarray(weights, dtype=np.int64))[::-1]
     prefix = np.cumsum(desc)
-    lo = max(int(desc[0]), -(-int(prefix[-1]) // parts))
-    # At 3 × the largest item no item is over T/3, and T >= the mean: every test passes.
-    hi = max(lo, 3 * int(desc[0])) if upper is None else max(lo, int(upper))
+    asc_prefix = np.concatenate(([0], np.cumsum(desc[::-1])))
+    lo = max(int(desc[0]), -(-int(prefix[-1]) // parts), _crowded_bound(asc_prefix, parts))
+    # ⌈n / parts⌉ items of the largest size in every part is a partition: all tests pass.
+    reachable = -(-desc.size // parts) * int(desc[0])
+    hi = max(lo, reachable if upper is None else int(upper))
     if not _passes(desc, prefix, parts, hi):  # only if `upper` was not reachable
-        hi = max(hi, 3 * int(desc[0]))
+        hi = max(hi, reachable)
     while lo < hi and hi - lo > rel_tol * lo:
         mid = (lo + hi) // 2
         if _passes(desc, prefix, parts, mid):
@@ -80,7 +108,9 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     bins at least, for every a. L(0) is max(⌈Σ/cap⌉, items over cap/2), the plain bound. Between
     two item sizes J3 stays the same while raising a moves items from J2 to J1, which only
     removes room: the maximum is at a = 0 or at a size of an item <= cap/2, so those are the
-    only values tried, all at once with sorted prefix sums (O(n log n)).
+    only values tried, all at once with sorted prefix sums (O(n log n)). Beside L2: a bin holds
+    at most k items over cap/(k+1), so ⌈(items over cap/(k+1)) / k⌉ bins are needed for every
+    k (exact for equal items, where L2 is not: seven items of 0.34 × cap need 4 bins, L2 says 3).
     """
     w = np.sort(np.asarray(sizes, dtype=np.int64))
     if w.size == 0:
@@ -99,4 +129,7 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     n2 = np.searchsorted(big, cap - a, side="right")
     j2 = np.concatenate(([0], np.cumsum(big)))[n2]
     extra = np.maximum(0, -(-(j3 - (n2 * cap - j2)) // cap))
-    return int((big.size + extra).max())
+    desc = w[::-1]
+    # A bin holds at most k items over cap/(k+1), k = ⌊cap / size⌋ for the j+1 largest items.
+    per_bin = -(-np.arange(1, w.size + 1) // (cap // desc))
+    return int(max((big.size + extra).max(), per_bin.max()))

@@ -1,30 +1,12 @@
-"""Greedy partitioners: longest-processing-time-first balancing and first-fit bin packing."""
+"""Greedy bin packing: first-fit in a given order, and first-fit decreasing in near-linear time."""
 
 from __future__ import annotations
 
-import bisect
-import heapq
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from slime_hydra.partition.base import Parts
-
-
-def descending(weights: Sequence[int]) -> list[int]:
-    """Indices by weight, heaviest first, ties by index (deterministic)."""
-    return np.argsort(-np.asarray(weights, dtype=np.int64), kind="stable").tolist()
-
-
-def lpt(weights: Sequence[int], k: int, order: Sequence[int] | None = None) -> Parts:
-    """Each item, heaviest first, into the currently lightest of k parts (Graham's LPT)."""
-    parts: Parts = [[] for _ in range(k)]
-    heap = [(0, p) for p in range(k)]
-    for i in descending(weights) if order is None else order:
-        total, p = heap[0]
-        parts[p].append(i)
-        heapq.heapreplace(heap, (total + weights[i], p))
-    return parts
 
 
 def first_fit(
@@ -53,25 +35,6 @@ def first_fit(
         b = len(parts)
         room[b] = cap - w
         parts.append([i])
-    return parts
-
-
-def best_fit(weights: Sequence[int], cap: int, k: int, order: Iterable[int]) -> Parts | None:
-    """Each item, in `order`, into the fullest of k bins that still has room under `cap`.
-
-    Returns None when an item fits in no bin. Heaviest-first order makes this best-fit
-    decreasing, which packs as tightly as first-fit decreasing in O(log k) per item.
-    """
-    parts: Parts = [[] for _ in range(k)]
-    keys = [cap * k + b for b in range(k)]  # room × k + bin: sorted by room, then bin
-    for i in order:
-        w = weights[i]
-        at = bisect.bisect_left(keys, w * k)
-        if at == len(keys):
-            return None
-        key = keys.pop(at)
-        parts[key % k].append(i)
-        bisect.insort(keys, key - w * k)
     return parts
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+import numpy as np
+
 from slime_hydra.partition.base import PartitionError, Parts
-from slime_hydra.partition.greedy import descending
+from slime_hydra.partition.deal import descending
 
 
 def karmarkar_karp(weights: Sequence[int], k: int, equal_size: bool = False) -> Parts:
@@ -22,7 +24,7 @@ def karmarkar_karp(weights: Sequence[int], k: int, equal_size: bool = False) -> 
     if k < 1:
         raise PartitionError(f"karmarkar_karp needs k >= 1 parts, got {k}")
     n = len(weights)
-    order = descending(weights)
+    order = descending(np.asarray(weights, dtype=np.int64)).tolist()
     # Each state: (-spread, tie, sums descending, member lists aligned with sums).
     states: list[tuple[int, int, list[int], list[list[int]]]] = []
     if equal_size:

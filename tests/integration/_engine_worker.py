@@ -21,7 +21,6 @@ from omegaconf import OmegaConf
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.synthetic import SyntheticGRPO
-from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, Schedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train import cpu_shim
@@ -59,7 +58,7 @@ def dims(num_layers: int) -> ModelDims:
 def plan(batch: RolloutBatch, layout: ParallelLayout, cap: int) -> Schedule:
     """Two steps of 8 samples (the same samples for every layout and cap)."""
     strategy = DynamicBatching(
-        layout, global_batch_size=8, max_tokens_per_gpu=cap, partitioner=CappedPartitioner()
+        layout, global_batch_size=8, max_tokens_per_gpu=cap
     )
     return strategy.plan(batch.total_lengths, batch.group_ids)
 

@@ -23,7 +23,6 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.hf.checks import model_dims
-from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
 from slime_hydra.train import cpu_shim
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
@@ -112,7 +111,7 @@ def train(out: Path, ckpt: str, rollouts: str, layout: ParallelLayout) -> None:
     save_logits(out, "loaded", packed_logits(unwrap(engine.chunks), dims.vocab_size))
     batch = TextRollouts(rollouts, tokenizer=ckpt).load()
     strategy = DynamicBatching(
-        layout, global_batch_size=4, max_tokens_per_gpu=96, partitioner=CappedPartitioner()
+        layout, global_batch_size=4, max_tokens_per_gpu=96
     )
     schedule = strategy.plan(batch.total_lengths, batch.group_ids)
     losses = []

@@ -1,16 +1,16 @@
-"""FLOPs balance under the token cap, auto's choice against the proven bound, the new metrics."""
+"""FLOPs balance under the token cap, steps near infeasibility, the per-rank metrics."""
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition import align_up, first_fit
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition import align_up, first_fit_decreasing
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -18,7 +18,6 @@ from slime_hydra.schedule import (
     step_metrics,
     violations,
 )
-from slime_hydra.schedule.dynamic import _score
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SQUARE = (0.0, 1.0)  # cost L²: hand-checkable
@@ -45,7 +44,8 @@ def test_flops_balance_keeps_the_token_cap_and_evens_the_cost():
         ParallelLayout(), None, 10, balance="flops", flops_coefficients=SQUARE
     )
     schedule = strategy.plan(lengths, list(range(6)))
-    assert sorted(map(list, schedule.steps[0].ranks[0])) == [[0, 3], [1, 2, 4, 5]]
+    mbs = sorted(sorted(lengths[i] for i in mb) for mb in schedule.steps[0].ranks[0])
+    assert mbs == [[2, 2, 3, 3], [2, 6]]
     assert violations(schedule, ParallelLayout(), list(range(6))) == []
 
 
@@ -54,19 +54,15 @@ def test_flops_balance_without_coefficients_is_a_clear_error():
         DynamicBatching(ParallelLayout(), None, 10, balance="flops")
 
 
-def test_dp_split_kk_names_auto_when_packing_the_whole_step_would_plan_it():
+def test_the_whole_step_is_packed_before_it_is_dealt_to_ranks():
     # dp=2 with a VPP group of 2: any equal-count split gives one rank two 10s and a 1 (cap
-    # 10): 3 micro-batches, rounded up to 4 > 3 samples. Packing the whole step makes 4 parts
-    # ([10], [10], [10], [1, 1, 1]) and deals 2 to each rank.
+    # 10): 3 micro-batches, rounded up to 4 > 3 samples. Packing the whole step makes 4
+    # micro-batches ([10], [10], [10], [1, 1, 1]) and deals 2 to each rank.
     layout = ParallelLayout(dp=2, pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
     lengths = [10, 10, 10, 1, 1, 1]
-    with pytest.raises(SlimeHydraError, match=r"batching\.dp_split=auto") as err:
-        DynamicBatching(layout, None, 10, dp_split="kk").plan(lengths, list(range(6)))
-    assert "raise batching.global_batch_size" not in str(err.value)
-    for split in ("auto", "pack"):
-        schedule = DynamicBatching(layout, None, 10, dp_split=split).plan(lengths, list(range(6)))
-        assert schedule.steps[0].num_microbatches == 2
-        assert violations(schedule, layout, list(range(6))) == []
+    schedule = DynamicBatching(layout, None, 10).plan(lengths, list(range(6)))
+    assert schedule.steps[0].num_microbatches == 2
+    assert violations(schedule, layout, list(range(6))) == []
 
 
 @st.composite
@@ -91,52 +87,19 @@ def near_infeasible(draw: st.DrawFn):
 
 
 @PROPERTY
-@given(
-    near_infeasible(), st.sampled_from(["auto", "kk", "pack"]), st.sampled_from(["tokens", "flops"])
-)
-def test_schedules_near_infeasibility_keep_every_invariant_or_fail_clearly(case, split, balance):
+@given(near_infeasible(), st.sampled_from(["tokens", "flops"]))
+def test_schedules_near_infeasibility_keep_every_invariant_or_fail_clearly(case, balance):
     layout, cap, lengths = case
     groups = list(range(len(lengths)))
-    strategy = DynamicBatching(
-        layout, None, cap, dp_split=split, balance=balance, flops_coefficients=(1.0, 1 / 64)
-    )
+    strategy = DynamicBatching(layout, None, cap, balance=balance, flops_coefficients=(1.0, 1 / 64))
     try:
         schedule = strategy.plan(lengths, groups)
     except SlimeHydraError as exc:
-        # Packing the whole step never needs more micro-batches than in-order first-fit, so
-        # every split may fail only where first-fit, aligned over all ranks, has too few
-        # samples; elsewhere only kk may fail, and then its error names auto.
-        needed = align_up(len(first_fit(lengths, cap)), layout.dp * layout.microbatch_alignment)
-        if needed <= len(lengths):
-            assert split == "kk" and "dp_split=auto" in str(exc)
+        # The packer falls back to first-fit decreasing, so a step fails only where the
+        # count first-fit decreasing needs, aligned over all ranks, exceeds the samples.
+        assert "non-empty micro-batches" in str(exc)
+        ffd = int(first_fit_decreasing(np.asarray(lengths, dtype=np.int64), cap).max()) + 1
+        k = align_up(-(-ffd // layout.dp), layout.microbatch_alignment)
+        assert layout.dp * k > len(lengths)
         return
     assert violations(schedule, layout, groups) == []
-
-
-@PROPERTY
-@given(near_infeasible())
-def test_auto_is_near_the_bound_or_no_worse_than_either_split(case):
-    layout, cap, lengths = case
-    groups = list(range(len(lengths)))
-    plans = {}
-    for split in ("auto", "kk", "pack"):
-        try:
-            plans[split] = DynamicBatching(layout, None, cap, dp_split=split).plan(lengths, groups)
-        except SlimeHydraError:
-            plans[split] = None
-    auto = plans["auto"]
-    if auto is None:
-        assert plans["kk"] is None and plans["pack"] is None
-        return
-    ranks = [[list(mb) for mb in rank] for rank in auto.steps[0].ranks]
-    top = max(sum(lengths[i] for i in mb) for rank in ranks for mb in rank)
-    k = len(ranks[0])
-    near = top <= 1.01 * max_part_lower_bound(lengths, layout.dp * k)
-    for split in ("kk", "pack"):
-        other = plans[split]
-        if other is not None and not near:
-            theirs = [[list(mb) for mb in rank] for rank in other.steps[0].ranks]
-            mine, other_score = _score(ranks, lengths), _score(theirs, lengths)
-            assert mine[0] <= other_score[0]
-            if mine[0] == other_score[0]:
-                assert mine[1] <= other_score[1] * 1.01 + 1e-12

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition import capped_partition, part_sums
+from slime_hydra.partition import BalancedPacker, Work
 from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.partition.greedy import first_fit_decreasing
 
@@ -30,6 +30,14 @@ from slime_hydra.partition.greedy import first_fit_decreasing
         ([10], 3, 10),
         # Mean 10, but below 12 all five 4s are over T/3 and 2 parts hold at most 4 of them.
         ([4, 4, 4, 4, 4], 2, 12),
+        # Seven 5s in 3 parts, mean 35/3 -> 12: below 15 all are over T/3 (k = 2), and 3 parts
+        # hold at most 6 of them; the T/2 and T/3 tests alone stop at 12.
+        ([5, 5, 5, 5, 5, 5, 5], 3, 15),
+        # Mean 20 and every T-test passes at 20; but a part holds three items, >= 6 + 7 + 8.
+        ([10, 9, 8, 7, 6], 2, 21),
+        # Eight 3s in 3 parts: three in some part below 9 would break T/3... k = 2 at T < 9
+        # allows 6: so 9 (3 + 3 + 3), reached by 3, 3, 2 items.
+        ([3] * 8, 3, 9),
     ],
 )
 def test_hand_computed_bounds(weights, parts, bound):
@@ -61,9 +69,11 @@ def test_the_bound_never_exceeds_the_brute_force_optimum(weights, parts):
 
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=150), st.integers(1, 24))
-def test_the_bound_is_below_what_the_partitioner_reaches(weights, parts):
+def test_the_bound_is_below_what_the_packer_reaches(weights, parts):
     parts = min(parts, len(weights))
-    got = max(part_sums(capped_partition(weights, 1 << 40, min_parts=parts), weights))
+    w = np.asarray(weights, dtype=np.int64)
+    bin_of = BalancedPacker()(w, w, parts, 1 << 40, Work(10**6))
+    got = int(np.bincount(bin_of, weights=w, minlength=parts).max())
     assert max_part_lower_bound(weights, parts) <= got
 
 
@@ -98,6 +108,9 @@ def _fewest_bins(sizes: list[int], cap: int) -> int:
         # Plain ⌈33 / 10⌉ = 4, but each 7 (over 10 - 4) leaves room 3 < 4, so the three 4s
         # cannot join them: 3 + ⌈12 / 10⌉ = 5.
         ([7, 7, 7, 4, 4, 4], 10, 5),
+        # Seven 34s in bins of 100: L2 says ⌈238 / 100⌉ = 3, but a bin holds at most two items
+        # over 100/3, so 4.
+        ([34] * 7, 100, 4),
     ],
 )
 def test_hand_computed_bin_bounds(sizes, cap, bins):

@@ -10,7 +10,7 @@ from slime_hydra.config import build, validate
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import RunInfo
-from slime_hydra.partition import CappedPartitioner
+from slime_hydra.partition import BalancedPacker
 from slime_hydra.schedule import DynamicBatching, FixedBatching, SlimeLegacyBatching
 
 
@@ -48,9 +48,9 @@ def test_legacy_presets_from_the_cli_round_the_vpp_count_their_way(compose_cfg, 
 
 
 def test_dynamic_builds_the_partitioner_hydra_instantiates(compose_cfg):
-    cfg = compose_cfg("batching.partitioner.refine_rounds=7")
+    cfg = compose_cfg("batching.partitioner.budget=7000")
     _, strategy = validate(cfg)
-    assert strategy.partitioner == CappedPartitioner(refine_rounds=7)
+    assert strategy.partitioner == BalancedPacker(budget=7000)
 
 
 def test_a_user_class_plugs_in_from_the_command_line(compose_cfg):

@@ -8,7 +8,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from megatron.core.pipeline_parallel.schedules import get_schedule_table
 
-from slime_hydra.partition import CappedPartitioner
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
 
 
@@ -34,7 +33,7 @@ def test_planned_counts_pass_megatrons_interleaving_checks(case, seed, steps) ->
     # Samples per rank a multiple of g: every aligned count up to one sample per micro-batch fits.
     gbs = layout.dp * layout.vp_group_size * int(rng.integers(1, 5))
     lengths = rng.integers(16, cap * layout.cp + 1, gbs * steps)
-    strategy = DynamicBatching(layout, gbs, max_tokens_per_gpu=cap, partitioner=CappedPartitioner())
+    strategy = DynamicBatching(layout, gbs, max_tokens_per_gpu=cap)
     schedule = strategy.plan(lengths, np.arange(len(lengths)))
     pp, g, vpp = layout.pp, layout.vp_group_size, layout.vpp
     for step in schedule.steps:

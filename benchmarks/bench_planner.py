@@ -1,0 +1,251 @@
+"""Planner benchmark on lengths nobody tuned to: random length families, random layouts, a fresh
+seed each run (printed), worst cases reported; then the scale curve up to 1M samples.
+
+    python benchmarks/bench_planner.py                 # a fresh seed, 48 cases, the curve
+    python benchmarks/bench_planner.py --seed 1234     # the same cases again
+    python benchmarks/bench_planner.py --cases 96 --no-curve
+
+Each case draws a family (tests/families.py), 512-16k samples a step in 1-3 steps, a layout
+(dp 1-64, pp/vpp with a VPP group, cp 1-2) and a cap, and plans it with `batching=dynamic`
+(oversize=isolate for families with samples over the cap). Times are CPU time
+(time.process_time) of `plan()`, the median of `--repeats` runs alternated with a plain
+pure-Python first-fit of the same steps (baselines.first_fit_bins) in the same process, so
+load on the machine shifts both; a figure is per step. Quality is against the proven bounds the
+planner logs: K over `batch/num_microbatches_lb`, the largest micro-batch over
+`batch/mb_tokens_lb`. The exit status is 0 either way (the figures are the result).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import secrets
+import statistics
+import sys
+import time
+import tracemalloc
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests.families; PYTHONPATH first
+
+import numpy as np
+from baselines import first_fit_bins
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics, violations
+from tests.families import FAMILIES, ISOLATE, lengths_of
+
+FLOPS = (1.0, 1 / 4096)  # any (a, b): only the flops imbalance metric reads it
+
+
+@dataclass
+class Case:
+    family: str
+    layout: ParallelLayout
+    max_tokens: int
+    lengths: list[int]
+    groups: list[int]
+    global_batch_size: int
+
+    @property
+    def steps(self) -> int:
+        return -(-len(self.lengths) // self.global_batch_size)
+
+    def describe(self) -> str:
+        lay = self.layout
+        vpp = f" pp{lay.pp} vpp{lay.vpp} g{lay.microbatch_alignment}" if lay.vpp > 1 else ""
+        return (
+            f"{self.family:9s} {self.global_batch_size:6d}×{self.steps} dp{lay.dp}{vpp}"
+            f" cp{lay.cp} cap {self.max_tokens * lay.cp}"
+        )
+
+
+def draw_case(rng: np.random.Generator, family: str) -> Case:
+    """One random case of `family`."""
+    dp = int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]))
+    vpp = int(rng.choice([1, 1, 2, 3]))
+    pp = int(rng.choice([2, 4])) if vpp > 1 else int(rng.choice([1, 2]))
+    group = int(rng.integers(pp, 2 * pp + 1)) if vpp > 1 else None
+    cp = int(rng.choice([1, 1, 2]))
+    layout = ParallelLayout(dp=dp, pp=pp, vpp=vpp, cp=cp, microbatch_group_size_per_vp_stage=group)
+    max_tokens = int(rng.choice([4096, 8192, 16384]))
+    per_step = int(np.exp(rng.uniform(np.log(512), np.log(16384))))
+    per_step = max(per_step, dp * layout.microbatch_alignment * 2)
+    steps = int(rng.integers(1, 4))
+    n = per_step * steps
+    lengths = lengths_of(family, rng, n, max_tokens * cp).tolist()
+    return Case(family, layout, max_tokens, lengths, list(range(n)), per_step)
+
+
+def first_fit_steps(case: Case) -> None:
+    """The baseline: plain first-fit of each step's samples, in order, under the cap."""
+    cap = case.max_tokens * case.layout.cp
+    gbs = case.global_batch_size
+    for start in range(0, len(case.lengths), gbs):
+        first_fit_bins(case.lengths[start : start + gbs], cap)
+
+
+@dataclass
+class Result:
+    case: Case
+    plan_ms: float  # per step, median
+    first_fit_ms: float  # per step, median
+    spread: float  # (max - min) / median of the plan's repeats
+    k_over: int  # steps whose K is above its bound
+    quality: float  # worst largest-micro-batch over its bound
+    dp_imbalance: float
+    broken: int  # cap violations + empty micro-batches + invariant violations
+
+    @property
+    def ms_per_1k(self) -> float:
+        return self.plan_ms / (self.case.global_batch_size / 1000)
+
+
+def run_case(case: Case, repeats: int) -> Result:
+    strategy = DynamicBatching(
+        case.layout,
+        case.global_batch_size,
+        case.max_tokens,
+        oversize="isolate" if case.family in ISOLATE else "error",
+        flops_coefficients=FLOPS,
+    )
+    plan_times, ff_times = [], []
+    schedule = None
+    for r in range(repeats):  # alternate which runs first
+        order = (0, 1) if r % 2 == 0 else (1, 0)
+        for which in order:
+            if which == 0:
+                t0 = time.process_time()
+                schedule = strategy.plan(case.lengths, case.groups)
+                plan_times.append((time.process_time() - t0) * 1e3)
+            else:
+                t0 = time.process_time()
+                first_fit_steps(case)
+                ff_times.append((time.process_time() - t0) * 1e3)
+    assert schedule is not None
+    cap = case.max_tokens * case.layout.cp
+    k_over, quality, dp_imb, broken = 0, 0.0, 0.0, 0
+    for step in schedule.steps:
+        m = step_metrics(step, case.lengths, cap, case.layout, FLOPS)
+        k_over += m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]
+        quality = max(quality, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
+        dp_imb = max(dp_imb, m["batch/dp_token_imbalance"])
+        broken += m["batch/cap_violations"] + m["batch/empty_microbatches"]
+    broken += len(violations(schedule, case.layout, case.groups, case.family in ISOLATE))
+    med = statistics.median(plan_times)
+    return Result(
+        case,
+        med / case.steps,
+        statistics.median(ff_times) / case.steps,
+        (max(plan_times) - min(plan_times)) / med if med else 0.0,
+        k_over,
+        quality,
+        dp_imb,
+        broken,
+    )
+
+
+def report(results: Sequence[Result]) -> None:
+    print(
+        f"\n{'family':9s} {'cases':>5s} {'ms/1k worst':>11s} {'median':>7s} {'worst/med':>9s}"
+        f" {'plan/FF worst':>13s} {'q worst':>8s} {'K>K_lb':>6s} {'dp imb':>7s} {'broken':>6s}"
+    )
+    by_family: dict[str, list[Result]] = defaultdict(list)
+    for r in results:
+        by_family[r.case.family].append(r)
+    for family, rs in sorted(by_family.items()):
+        per_1k = [r.ms_per_1k for r in rs]
+        med = statistics.median(per_1k)
+        big = [r.plan_ms / r.first_fit_ms for r in rs if r.case.global_batch_size >= 2048]
+        print(
+            f"{family:9s} {len(rs):5d} {max(per_1k):11.2f} {med:7.2f} {max(per_1k) / med:9.1f}"
+            f" {max(big, default=float('nan')):13.3f} {max(r.quality for r in rs):8.4f}"
+            f" {sum(r.k_over for r in rs):6d} {max(r.dp_imbalance for r in rs):7.4f}"
+            f" {sum(r.broken for r in rs):6d}"
+        )
+    worst = sorted(results, key=lambda r: -r.ms_per_1k)[:3]
+    print("\nslowest cases (ms per step, per 1k samples, plan / first-fit, spread of repeats):")
+    for r in worst:
+        print(
+            f"  {r.case.describe()}: {r.plan_ms:.1f} ms, {r.ms_per_1k:.2f}/1k, "
+            f"{r.plan_ms / r.first_fit_ms:.3f}× first-fit, ±{r.spread:.0%}"
+        )
+    off = sorted(results, key=lambda r: -r.quality)[:3]
+    print("farthest from the bound (largest micro-batch / batch/mb_tokens_lb, K over K_lb):")
+    for r in off:
+        print(f"  {r.case.describe()}: {r.quality:.4f}, {r.k_over} step(s) K > K_lb")
+    at = [r for r in results if r.case.global_batch_size >= 2048]
+    ratios = [r.plan_ms / r.first_fit_ms for r in at]
+    print(
+        f"\nat >= 2k samples: planner / first-fit worst {max(ratios, default=float('nan')):.3f},"
+        f" median {statistics.median(ratios) if ratios else float('nan'):.3f}"
+        f" ({len(at)} cases); all cases: {sum(r.broken for r in results)} broken invariants,"
+        f" {sum(r.k_over for r in results)} steps with K > K_lb"
+    )
+
+
+CURVE = ((4096, 32), (16384, 32), (16384, 64), (65536, 256), (262144, 1024), (1048576, 4096))
+
+
+def curve(rng: np.random.Generator, repeats: int) -> None:
+    """Plan time and peak memory of one GRPO-like step from 4k samples on dp32 to 1M on
+    dp4096 (cap 16384), against n log n."""
+    print("\nscale curve (grpo family, cap 16384, one step; CPU ms, median of repeats):")
+    print(
+        f"{'samples':>8s} {'dp':>5s} {'K':>4s} {'plan ms':>9s} {'ms/(n log2 n)·1e6':>18s}"
+        f" {'peak MiB':>9s} {'q':>7s}"
+    )
+    for n, dp in CURVE:
+        lengths = lengths_of("grpo", rng, n, 16384).tolist()
+        layout = ParallelLayout(dp=dp)
+        strategy = DynamicBatching(layout, None, 16384)
+        samples = list(range(n))
+        times = []
+        for _ in range(repeats if n < 100_000 else 1):
+            start = time.process_time()
+            strategy.plan(lengths, samples)
+            times.append((time.process_time() - start) * 1e3)
+        tracemalloc.start()
+        schedule = strategy.plan(lengths, samples)
+        peak = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+        m = step_metrics(schedule.steps[0], lengths, 16384, layout, FLOPS)
+        ms = statistics.median(times)
+        print(
+            f"{n:8d} {dp:5d} {schedule.steps[0].num_microbatches:4d} {ms:9.1f}"
+            f" {ms / (n * math.log2(n)) * 1e6:18.2f} {peak:9.1f}"
+            f" {m['batch/mb_tokens_max'] / m['batch/mb_tokens_lb']:7.4f}"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one")
+    parser.add_argument("--cases", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-curve", action="store_true")
+    args = parser.parse_args(argv)
+    seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    print(f"seed {seed} (rerun with --seed {seed})")
+    rng = np.random.default_rng(seed)
+    families = sorted(FAMILIES)
+    results, refused = [], 0
+    while len(results) < args.cases:
+        case = draw_case(rng, families[len(results) % len(families)])
+        try:
+            results.append(run_case(case, args.repeats))
+        except SlimeHydraError:  # no plan exists (e.g. equal samples over cap/2, n % dp != 0)
+            refused += 1
+    report(results)
+    print(f"{refused} drawn cases refused with our error (no schedule exists), redrawn")
+    if not args.no_curve:
+        curve(rng, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

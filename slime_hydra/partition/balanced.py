@@ -1,0 +1,378 @@
+"""Balanced packing into exactly B non-empty bins under a cap, vectorised, with bounded work.
+
+`construct` is O(n log n) numpy: items heaviest first, one per bin in the first round (no bin
+stays empty), then each round of B items dealt heaviest to the lightest bin (LPT in rounds);
+once the items left are too light to matter (each at most `tolerance`/2 of the mean bin) they
+are poured by prefix sums into the room each bin has below the mean, and what is left over
+(at most one item per bin) takes one more round. A bin ends within one item of the mean.
+
+`improve` is anytime: each pass pairs the bins above the goal, heaviest first, with the
+lightest bins and applies, to every pair at once, the move or swap of one item whose shift
+brings the pair nearest each other (`exchange.best_exchanges`). A pass never makes a bin
+heavier than its pair's heavier bin was, nor a bin of two or more items break the cap, nor a
+bin empty; over-cap bins are repaired first by the same exchanges on sizes. Passes run until
+the heaviest bin is within the goal, no pair can improve, or the work budget (`Work`, counted
+in item visits, so every machine plans the same) is spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slime_hydra.partition.base import Work
+from slime_hydra.partition.deal import descending
+from slime_hydra.partition.exchange import (
+    Exchanges,
+    apply_exchanges,
+    best_exchanges,
+    bulk_moves,
+)
+from slime_hydra.partition.greedy import first_fit_decreasing
+
+
+def construct(weights: np.ndarray, bins: int) -> np.ndarray:
+    """The bin (0..bins-1) of each item, every bin non-empty (needs len(weights) >= bins), each
+    bin within about one item of the others or above them by its own large items; see the
+    module docstring."""
+    n = len(weights)
+    order = descending(weights)
+    w = weights[order]
+    bin_of = np.empty(n, dtype=np.int64)
+    first = min(bins, n)
+    bin_of[order[:first]] = np.arange(first)
+    load = np.zeros(bins, dtype=np.float64)
+    load[:first] = w[:first]
+    start = first
+    while start < n:
+        if w[start] <= load.max() - load.min():  # rounds can no longer close the spread
+            start = _pour(w, order, start, bin_of, load)
+            break
+        start = _round(w, order, start, bin_of, load)
+    while start < n:  # what pouring left over: at most one item per bin
+        start = _round(w, order, start, bin_of, load)
+    return bin_of
+
+
+def _round(
+    w: np.ndarray, order: np.ndarray, start: int, bin_of: np.ndarray, load: np.ndarray
+) -> int:
+    """The next items, one per bin, heaviest to the lightest bin; returns where the next
+    round starts."""
+    stop = min(start + len(load), len(w))
+    to = np.argsort(load, kind="stable")[: stop - start]
+    bin_of[order[start:stop]] = to
+    load[to] += w[start:stop]
+    return stop
+
+
+def _pour(
+    w: np.ndarray, order: np.ndarray, start: int, bin_of: np.ndarray, load: np.ndarray
+) -> int:
+    """Items `w[start:]` (in `order`) poured, bin after bin by prefix sums, into the room each
+    bin has below the water level that they fill exactly, none past its bin's room; returns
+    where the unplaced tail (at most one item per bin) starts."""
+    left = float(w[start:].sum())
+    asc = np.sort(load)
+    # Level T_j with the j lightest bins filled: (left + their loads) / j; the first j whose
+    # level stays below the next bin's load is the water level.
+    levels = (left + np.cumsum(asc)) / np.arange(1, asc.size + 1)
+    below = np.flatnonzero(levels[:-1] <= asc[1:])
+    level = levels[below[0]] if below.size else levels[-1]
+    room = np.maximum(level - load, 0.0)
+    ends = np.cumsum(room)
+    placed = np.cumsum(w[start:])
+    to = np.searchsorted(ends, placed, side="left")
+    keep = int(np.count_nonzero(to < len(room)))
+    bin_of[order[start : start + keep]] = to[:keep]
+    np.add.at(load, to[:keep], w[start : start + keep])
+    return start + keep
+
+
+def fit_rounds(sizes: np.ndarray, bins: int, cap: int) -> np.ndarray:
+    """Largest fit in rounds: the bin of each item, every bin non-empty; bins may end over
+    `cap` only where some items fitted nowhere (for `improve` to repair).
+
+    The `bins` largest items open the bins; then in each round every bin, roomiest first,
+    takes the largest item left that fits its room and that no roomier bin took (a running
+    minimum over binary searches): first-fit decreasing's rule, all bins at once. Items that
+    fit no bin go, largest first, to the roomiest bins."""
+    n = len(sizes)
+    order = np.argsort(sizes, kind="stable")  # ascending: items left are a sorted subset
+    s = sizes[order]
+    placed = np.full(n, -1, dtype=np.int64)
+    placed[n - bins :] = np.arange(bins)[::-1]
+    room = np.empty(bins, dtype=np.int64)
+    room[::-1] = cap - s[n - bins :]
+    left = np.arange(n - bins)
+    step = np.arange(bins)
+    while left.size:
+        by_room = np.argsort(-room, kind="stable")
+        want = np.searchsorted(s[left], room[by_room], side="right") - 1
+        got = np.minimum.accumulate(want + step) - step
+        fits = got >= 0
+        if not fits.any():
+            break
+        items = left[got[fits]]
+        placed[items] = by_room[fits]
+        room[by_room[fits]] -= s[items]
+        keep = np.ones(left.size, dtype=bool)
+        keep[got[fits]] = False
+        left = left[keep]
+    while left.size:  # what fits nowhere: largest first into the roomiest bins
+        take = left[::-1][:bins]
+        to = np.argsort(-room, kind="stable")[: take.size]
+        placed[take] = to
+        room[to] -= s[take]
+        left = left[: left.size - take.size]
+    bin_of = np.empty(n, dtype=np.int64)
+    bin_of[order] = placed
+    return bin_of
+
+
+def improve(
+    bin_of: np.ndarray,
+    sizes: np.ndarray,
+    weights: np.ndarray,
+    bins: int,
+    cap: int,
+    goal: float,
+    work: Work,
+    fixed: np.ndarray | None = None,
+) -> bool:
+    """Repair over-cap bins, then lower the heaviest bins toward `goal`, in place, within
+    `work`; items marked `fixed` never move (and their bins take no others). Returns whether
+    every bin of two or more items is within `cap`."""
+    movable = np.ones(len(bin_of), dtype=bool) if fixed is None else ~fixed
+    locked = np.zeros(bins, dtype=bool)
+    if fixed is not None:
+        locked[bin_of[fixed]] = True
+    state = _State.of(bin_of, sizes, weights, bins)
+    if not _passes(state, sizes, cap, cap, movable, locked, work, repair=True):
+        return False
+    _passes(state, weights, cap, goal, movable, locked, work, repair=False)
+    return True
+
+
+@dataclass
+class _State:
+    """A packing and its per-bin totals, kept up to date by every exchange."""
+
+    bin_of: np.ndarray
+    sizes: np.ndarray
+    weights: np.ndarray
+    size_load: np.ndarray
+    weight_load: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, bin_of: np.ndarray, sizes: np.ndarray, weights: np.ndarray, bins: int) -> _State:
+        size_load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
+        weight_load = (
+            size_load
+            if weights is sizes
+            else np.bincount(bin_of, weights=weights, minlength=bins).astype(np.int64)
+        )
+        counts = np.bincount(bin_of, minlength=bins)
+        return cls(bin_of, sizes, weights, size_load, weight_load, counts)
+
+    def load(self, values: np.ndarray) -> np.ndarray:
+        return self.size_load if values is self.sizes else self.weight_load
+
+    def apply(self, ex: Exchanges) -> None:
+        apply_exchanges(ex, self.bin_of, self.sizes, self.size_load, self.counts)
+        if self.weight_load is not self.size_load:
+            d = ex.shift(self.weights)
+            np.subtract.at(self.weight_load, ex.heavy, d)
+            np.add.at(self.weight_load, ex.light, d)
+
+
+def _passes(
+    state: _State,
+    values: np.ndarray,
+    cap: int,
+    goal: float,
+    movable: np.ndarray,
+    locked: np.ndarray,
+    work: Work,
+    repair: bool,
+) -> bool:
+    """Exchange passes on `values` until every open bin is at most `goal` (True), or no pair
+    can improve or the work is spent (False). In repair a bin of one item is done."""
+    load = state.load(values)
+    stalled = 0
+    rotation = 0
+    while True:
+        over = (load > goal) & ~locked
+        if repair:
+            over &= state.counts > 1
+        heavy = np.flatnonzero(over)
+        if heavy.size == 0:
+            return True
+        pool = np.flatnonzero(~over & ~locked)
+        if not work.left or pool.size == 0:
+            return False
+        heavy = heavy[np.lexsort((heavy, -load[heavy]))]
+        pool = pool[np.lexsort((pool, load[pool]))]
+        m = min(heavy.size, pool.size)
+        heavy = heavy[:m]
+        light = pool[(np.arange(m) + rotation) % pool.size]
+        gap = load[heavy] - load[light]
+        room = cap - load[light] if repair else gap
+        ex = best_exchanges(
+            state.bin_of,
+            values,
+            state.sizes,
+            heavy,
+            light,
+            gap,
+            room,
+            state.size_load,
+            state.counts,
+            cap,
+            movable,
+        )
+        work.charge(ex.visited)
+        top_moved = bool((ex.heavy == heavy[0]).any())
+        if ex.give.size:
+            state.apply(ex)
+        if top_moved:
+            stalled = 0
+        else:  # the heaviest bin found no exchange: it tries the next lightest bins next
+            stalled += m
+            rotation += m
+            if stalled >= pool.size:
+                return False
+
+
+def even_groups(
+    bin_of: np.ndarray,
+    sizes: np.ndarray,
+    weights: np.ndarray,
+    groups: int,
+    cap: int,
+    tolerance: float,
+    work: Work,
+    fixed: np.ndarray | None = None,
+) -> None:
+    """Even the weight of groups of bins (group r: bins r·k .. r·k + k - 1), in place, until the
+    heaviest group is within `tolerance` of the mean, no exchange helps or `work` is spent.
+
+    Each pass pairs the heaviest groups with the lightest, and within a pair the heavier
+    group's bins, heaviest first, with the lighter group's, lightest first; every bin pair
+    exchanges at most 1/k of the groups' gap (so the pair's heavier group gets lighter and
+    stays above where the lighter one was), and no bin gets heavier than the heaviest bin was.
+    """
+    bins = int(bin_of.max()) + 1 if bin_of.size else 0
+    k = bins // groups
+    if groups < 2 or k == 0:
+        return
+    movable = np.ones(len(bin_of), dtype=bool) if fixed is None else ~fixed
+    locked = np.zeros(bins, dtype=bool)
+    if fixed is not None:
+        locked[bin_of[fixed]] = True
+    state = _State.of(bin_of, sizes, weights, bins)
+    load = state.weight_load
+    ceiling = int(load.max())
+    rotation = 0
+    while work.left:
+        group_load = load.reshape(groups, k).sum(1)
+        total = int(group_load.sum())
+        over = group_load * groups > (1 + tolerance) * total
+        heavy = np.flatnonzero(over)
+        if heavy.size == 0:
+            return
+        pool = np.flatnonzero(~over)
+        heavy = heavy[np.lexsort((heavy, -group_load[heavy]))]
+        pool = pool[np.lexsort((pool, group_load[pool]))]
+        m = min(heavy.size, pool.size)
+        heavy = heavy[:m]
+        light = pool[(np.arange(m) + rotation) % pool.size]
+        mine = load.reshape(groups, k)
+        h_bins = heavy[:, None] * k + np.argsort(-mine[heavy], axis=1, kind="stable")
+        l_bins = light[:, None] * k + np.argsort(mine[light], axis=1, kind="stable")
+        share = np.maximum((group_load[heavy] - group_load[light]) // k, 1)
+        gap = np.repeat(share, k)
+        h_bins, l_bins = h_bins.ravel(), l_bins.ravel()
+        open_ = ~locked[h_bins] & ~locked[l_bins]
+        h_bins, l_bins, gap = h_bins[open_], l_bins[open_], gap[open_]
+        room = ceiling - load[l_bins]
+        ex = bulk_moves(
+            state.bin_of,
+            weights,
+            sizes,
+            h_bins,
+            l_bins,
+            np.minimum(gap // 2, room),
+            cap - state.size_load[l_bins],
+            state.counts,
+            movable,
+        )
+        if ex.give.size == 0:
+            ex = best_exchanges(
+                state.bin_of,
+                weights,
+                sizes,
+                h_bins,
+                l_bins,
+                gap,
+                room,
+                state.size_load,
+                state.counts,
+                cap,
+                movable,
+            )
+        work.charge(ex.visited)
+        top = heavy[0]
+        if ex.give.size:
+            state.apply(ex)
+        if not bool((ex.heavy // k == top).any()):
+            rotation += m
+            if rotation >= pool.size:
+                return
+
+
+@dataclass(frozen=True)
+class BalancedPacker:
+    """The default packer of dynamic batching (config: batching.partitioner): items into
+    exactly `bins` non-empty bins under the cap, as even as the work budget allows."""
+
+    tolerance: float = 0.01
+    """Stop balancing once the heaviest bin is within this fraction of its lower bound."""
+    budget: int = 100_000
+    """Improvement work per step, in item visits (a pass also costs PASS_OVERHEAD): 40-60 ns
+    each on a current x86 core, so the default is about 5 ms; 0: no exchanges at all."""
+
+    def __call__(
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
+    ) -> np.ndarray | None:
+        """The bin of each item (every size <= cap), or None when these items cannot fill
+        `bins` non-empty bins within the cap this way: the LPT construction repaired by
+        exchanges, else first-fit decreasing (its empty bins given items), then balanced."""
+        n = len(sizes)
+        if n < bins or bins < 1:
+            return None
+        goal = (1 + self.tolerance / 2) * max(int(weights.max()), int(weights.sum()) / bins)
+        bin_of = construct(weights, bins)
+        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
+            bin_of = fit_rounds(sizes, bins, cap)
+            if not improve(bin_of, sizes, weights, bins, cap, goal, work):
+                bin_of = first_fit_decreasing(sizes, cap)
+                if int(bin_of.max()) + 1 > bins:
+                    return None
+                _fill_empty(bin_of, weights, bins)
+        improve(bin_of, sizes, weights, bins, cap, goal, work)
+        return bin_of
+
+
+def _fill_empty(bin_of: np.ndarray, weights: np.ndarray, bins: int) -> None:
+    """Give each empty bin one item, the heaviest that is not the first of its bin."""
+    counts = np.bincount(bin_of, minlength=bins)
+    empty = np.flatnonzero(counts == 0)
+    if empty.size == 0:
+        return
+    first = np.zeros(bin_of.size, dtype=bool)
+    first[np.unique(bin_of, return_index=True)[1]] = True
+    movable = np.flatnonzero(~first)
+    bin_of[movable[descending(weights[movable])][: empty.size]] = empty

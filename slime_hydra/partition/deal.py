@@ -1,0 +1,85 @@
+"""Items dealt evenly over G groups (DP ranks): heaviest first, equal counts, even totals.
+
+- `descending`: item order heaviest first, ties by index, from unique sort keys, so every
+  machine (whatever numpy's sort kernel) gets the same order.
+- `split_even`: rounds of G items, heaviest first; in each round the heaviest item goes to the
+  lightest group (snake order for all but the last `LPT_ROUNDS` rounds when there are many),
+  then swaps within a round between the heaviest and the lightest group. Every group takes one
+  item per round, so group sizes differ by at most one, and so do the counts of items above
+  any size.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+LPT_ROUNDS = 256  # rounds dealt lightest-first at the end; earlier ones in snake order
+SWAP_ROUNDS = 64  # swaps between the heaviest and the lightest group, at most
+
+
+def descending(weights: np.ndarray) -> np.ndarray:
+    """Indices by weight, heaviest first, ties by index; the same on every machine."""
+    n = len(weights)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    top = int(weights.max())
+    low = int(weights.min())
+    if (top - low + 1) * n < (1 << 62) and weights.dtype.kind in "iu":
+        return np.argsort((top - weights.astype(np.int64)) * n + np.arange(n))
+    return np.lexsort((np.arange(n), -weights))
+
+
+def split_even(weights: np.ndarray, groups: int, tolerance: float = 0.0) -> np.ndarray:
+    """A (rounds, groups) matrix of item indices (-1 pads the last round): column g holds group
+    g's items, heaviest first, one per round. Group totals of `weights` are evened by
+    lightest-first dealing and swaps within a round, stopping once the heaviest group is within
+    `tolerance` of the mean."""
+    n = len(weights)
+    order = descending(weights)
+    rounds = -(-n // groups)
+    pad = rounds * groups - n
+    idx = np.concatenate((order, np.full(pad, -1, dtype=np.int64))).reshape(rounds, groups)
+    w = np.concatenate((weights[order], np.zeros(pad, dtype=weights.dtype)))
+    w = w.reshape(rounds, groups)
+    out = np.empty_like(idx)
+    wout = np.empty_like(w)
+    snake = max(0, rounds - LPT_ROUNDS)
+    snake -= snake % 2
+    if snake:
+        out[:snake:2], wout[:snake:2] = idx[:snake:2], w[:snake:2]
+        out[1:snake:2], wout[1:snake:2] = idx[1:snake:2, ::-1], w[1:snake:2, ::-1]
+        loads = wout[:snake].sum(0)
+    else:
+        loads = np.zeros(groups, dtype=w.dtype)
+    for r in range(snake, rounds):
+        perm = np.argsort(loads, kind="stable")
+        out[r, perm] = idx[r]
+        wout[r, perm] = w[r]
+        loads[perm] += w[r]
+    if groups > 1:
+        _swap_within_rounds(out, wout, loads, tolerance)
+    return out
+
+
+def _swap_within_rounds(
+    idx: np.ndarray, w: np.ndarray, loads: np.ndarray, tolerance: float
+) -> None:
+    """Swap one round's items between the heaviest and the lightest group, the swap that
+    brings them nearest each other, while that lowers the heaviest and it is above the mean by
+    more than `tolerance`. Sizes per group and per round stay as they are."""
+    total = loads.sum()
+    groups = len(loads)
+    for _ in range(SWAP_ROUNDS):
+        p, q = int(loads.argmax()), int(loads.argmin())
+        gap = loads[p] - loads[q]
+        if gap <= 0 or loads[p] * groups <= (1 + tolerance) * total:
+            return
+        d = w[:, p] - w[:, q]
+        err = np.where((d > 0) & (d < gap), np.abs(2 * d - gap), gap)
+        r = int(err.argmin())
+        if err[r] >= gap:
+            return
+        idx[r, p], idx[r, q] = idx[r, q], idx[r, p]
+        w[r, p], w[r, q] = w[r, q], w[r, p]
+        loads[p] -= d[r]
+        loads[q] += d[r]

@@ -1,0 +1,176 @@
+"""One round of item exchanges between many pairs of bins at once (numpy, no Python per item).
+
+For each pair (heavy bin h, light bin l) with a value gap g, the exchange is the move of an
+item i from h to l, or the swap of i with an item j of l, whose value shift d = v_i - v_j lies
+in (0, g) and within the light bin's room r, nearest min(g/2, r): the pair's heavier bin gets
+lighter and the lighter one stays below where the heavier was. A move needs h to keep an
+item; sizes must stay within the cap wherever a bin holds two or more items (a bin already
+over it may only shrink). The light bins' items, with a zero-value stand-in for "move", are
+sorted by (pair, value), so each heavy item finds its best partners by one binary search:
+O((items in the pairs) log) work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below and two above
+
+
+def _members(
+    bin_of: np.ndarray, heavy: np.ndarray, light: np.ndarray, bins: int, movable: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The movable items of the heavy bins with their pair, and of the light bins with theirs:
+    one gather over all items."""
+    m = len(heavy)
+    pair = np.full(bins, -1, dtype=np.int64)
+    pair[heavy] = np.arange(m)
+    pair[light] = np.arange(m, 2 * m)
+    of = pair[bin_of]
+    items = np.flatnonzero(of >= 0)
+    items = items[movable[items]]
+    of = of[items]
+    is_heavy = of < m
+    return items[is_heavy], of[is_heavy], items[~is_heavy], of[~is_heavy] - m
+
+
+@dataclass(frozen=True)
+class Exchanges:
+    """The chosen exchanges: bins, the item given by the heavy bin and the one it takes back
+    (-1 for a move), and how many items were visited to find them."""
+
+    heavy: np.ndarray
+    light: np.ndarray
+    give: np.ndarray
+    take: np.ndarray
+    visited: int
+
+    @classmethod
+    def none(cls, visited: int) -> Exchanges:
+        empty = np.zeros(0, dtype=np.int64)
+        return cls(empty, empty, empty, empty, visited)
+
+    def shift(self, values: np.ndarray) -> np.ndarray:
+        """What each exchange moves from the heavy to the light bin, in `values`."""
+        back = np.where(self.take >= 0, values[np.maximum(self.take, 0)], 0)
+        return values[self.give] - back
+
+
+def best_exchanges(
+    bin_of: np.ndarray,
+    values: np.ndarray,
+    sizes: np.ndarray,
+    heavy: np.ndarray,
+    light: np.ndarray,
+    gap: np.ndarray,
+    room: np.ndarray,
+    size_load: np.ndarray,
+    counts: np.ndarray,
+    cap: int,
+    movable: np.ndarray,
+) -> Exchanges:
+    """The best exchange of each pair (heavy[p], light[p]) that has one; the bins of all pairs
+    are distinct. `room[p]` bounds the shift besides `gap[p]`: what the light bin can take
+    below its ceiling (the cap in a repair, the heaviest bin when evening groups)."""
+    hi, p, li, pl = _members(bin_of, heavy, light, len(size_load), movable)
+    visited = hi.size * len(WINDOW) + li.size + len(bin_of) // 8
+    if hi.size == 0:
+        return Exchanges.none(visited)
+    # Candidates in light bins, plus one zero-value stand-in per pair (a move).
+    m = len(heavy)
+    c_pair = np.concatenate((pl, np.arange(m)))
+    c_val = np.concatenate((values[li], np.zeros(m, dtype=values.dtype)))
+    c_item = np.concatenate((li, np.full(m, -1, dtype=np.int64)))
+    x = values[hi]
+    scale = max(int(c_val.max()), int(x.max(initial=0))) + 2
+    key = c_pair * scale + c_val
+    order = np.lexsort((c_item, key))
+    key, c_pair, c_val, c_item = key[order], c_pair[order], c_val[order], c_item[order]
+    ideal = np.clip(x - np.minimum(gap[p] // 2, room[p]), 0, scale - 1)
+    pos = np.searchsorted(key, p * scale + ideal, side="left")
+    cand = pos[:, None] + np.asarray(WINDOW)[None, :]
+    inside = (cand >= 0) & (cand < key.size)
+    cand = np.clip(cand, 0, max(key.size - 1, 0))
+    same = inside & (c_pair[cand] == p[:, None])
+    d = x[:, None] - c_val[cand]
+    g = gap[p][:, None]
+    ok = same & (d > 0) & (d < g) & (d <= room[p][:, None])
+    j = c_item[cand]
+    is_move = j < 0
+    h_bin = heavy[p][:, None]
+    l_bin = light[p][:, None]
+    ok &= ~is_move | (counts[h_bin] > 1)
+    s_shift = sizes[hi][:, None] - np.where(is_move, 0, sizes[np.maximum(j, 0)])
+    new_h = size_load[h_bin] - s_shift
+    new_l = size_load[l_bin] + s_shift
+    single_l = ~is_move & (counts[l_bin] == 1)
+    single_h = ~is_move & (counts[h_bin] == 1)
+    ok &= (new_l <= cap) | single_l
+    ok &= (new_h <= cap) | (new_h < size_load[h_bin]) | single_h
+    target = np.minimum(g // 2, room[p][:, None])
+    err = np.where(ok, np.abs(d - target), np.iinfo(np.int64).max)
+    flat = err.ravel()
+    rows = np.repeat(np.arange(hi.size), len(WINDOW))
+    pick = np.flatnonzero(flat < np.iinfo(np.int64).max)
+    if pick.size == 0:
+        return Exchanges.none(visited)
+    pair_of = p[rows[pick]]
+    best = np.lexsort((pick, flat[pick], pair_of))
+    first = np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))
+    chosen = pick[best[first]]
+    pairs = p[rows[chosen]]
+    return Exchanges(
+        heavy=heavy[pairs],
+        light=light[pairs],
+        give=hi[rows[chosen]],
+        take=j.ravel()[chosen],
+        visited=visited,
+    )
+
+
+def apply_exchanges(
+    ex: Exchanges, bin_of: np.ndarray, sizes: np.ndarray, size_load: np.ndarray, counts: np.ndarray
+) -> None:
+    """Carry out `ex` in place: items change bins, bin sizes and item counts follow."""
+    swap = ex.take >= 0
+    bin_of[ex.give] = ex.light
+    bin_of[ex.take[swap]] = ex.heavy[swap]
+    s = ex.shift(sizes)
+    np.subtract.at(size_load, ex.heavy, s)
+    np.add.at(size_load, ex.light, s)
+    moved = (~swap).astype(np.int64)
+    np.subtract.at(counts, ex.heavy, moved)
+    np.add.at(counts, ex.light, moved)
+
+
+def bulk_moves(
+    bin_of: np.ndarray,
+    values: np.ndarray,
+    sizes: np.ndarray,
+    heavy: np.ndarray,
+    light: np.ndarray,
+    shift: np.ndarray,
+    size_room: np.ndarray,
+    counts: np.ndarray,
+    movable: np.ndarray,
+) -> Exchanges:
+    """For each pair, the lightest items of the heavy bin, as many as move together at most
+    `shift[p]` in value and `size_room[p]` in size, leaving the heavy bin at least one item:
+    many small items at once where one exchange moves too little."""
+    hi, p, _, _ = _members(bin_of, heavy, light, len(counts), movable)
+    visited = hi.size + len(bin_of) // 8
+    order = np.lexsort((hi, values[hi], p))
+    hi, p = hi[order], p[order]
+    starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1])))
+    start = np.repeat(starts, np.diff(np.append(starts, p.size)))  # of each item's pair
+    v_sum = np.cumsum(values[hi])
+    s_sum = np.cumsum(sizes[hi])
+    v_in = v_sum - np.where(start > 0, v_sum[start - 1], 0)
+    s_in = s_sum - np.where(start > 0, s_sum[start - 1], 0)
+    rank_in = np.arange(p.size) - start
+    take = (v_in <= shift[p]) & (s_in <= size_room[p]) & (rank_in < counts[heavy[p]] - 1)
+    give = hi[take]
+    none = np.full(give.size, -1, dtype=np.int64)
+    return Exchanges(heavy[p[take]], light[p[take]], give, none, visited)

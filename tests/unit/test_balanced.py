@@ -1,0 +1,206 @@
+"""partition.balanced and partition.exchange: the construction, the exchanges, the work budget,
+by hand and as properties over the length families."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.partition import BalancedPacker, Work
+from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
+from slime_hydra.partition.base import PASS_OVERHEAD
+from slime_hydra.partition.exchange import best_exchanges, bulk_moves
+from tests.families import FAMILIES, ISOLATE, lengths_of
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _loads(bin_of: np.ndarray, w: np.ndarray, bins: int) -> list[int]:
+    return np.bincount(bin_of, weights=w, minlength=bins).astype(int).tolist()
+
+
+def test_construct_deals_rounds_heaviest_to_the_lightest_bin():
+    # Round 0: 5 and 4 open the bins; round 1: the first 3 to the 4, the second to the 5;
+    # round 2: the 2 to the lighter (7), the 1 to the 8: 9 and 9.
+    w = np.array([5, 4, 3, 3, 2, 1])
+    bin_of = construct(w, 2)
+    assert bin_of.tolist() == [0, 1, 1, 0, 1, 0]
+    assert _loads(bin_of, w, 2) == [9, 9]
+
+
+def test_construct_pours_light_items_into_each_bins_room_below_the_mean():
+    # Two bins of 100 and 60: a round of 1s cannot close the gap of 40, so the 1s are poured
+    # into the room below the water level, 180: 180 and 180.
+    w = np.array([100, 60] + [1] * 200)
+    bin_of = construct(w, 2)
+    assert _loads(bin_of, w, 2) == [180, 180]
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(FAMILIES)), st.integers(0, 2**32 - 1), st.integers(1, 300))
+def test_construct_fills_every_bin_within_one_item_of_the_mean(family, seed, bins):
+    rng = np.random.default_rng(seed)
+    w = lengths_of(family, rng, int(rng.integers(bins, 4 * bins + 50)), 4096)
+    loads = np.asarray(_loads(construct(w, bins), w, bins))
+    counts = np.bincount(construct(w, bins), minlength=bins)
+    assert (counts > 0).all()
+    assert loads.max() <= w.sum() / bins + w.max()
+
+
+def test_fit_rounds_gives_each_bin_the_largest_item_that_fits():
+    # 7, 6 and 5 open the bins (room 3, 4, 5); the roomiest (5) takes the 4, the next (4)
+    # the 3, and the 7's bin nothing: 7, 9, 9, all within 10.
+    s = np.array([7, 6, 5, 4, 3])
+    bin_of = fit_rounds(s, 3, 10)
+    assert _loads(bin_of, s, 3) == [7, 9, 9]
+
+
+def test_the_packer_refuses_what_fits_no_way_and_the_lpt_overflow_it_repairs():
+    packer = BalancedPacker()
+    # Three 6s leave rooms of 4: the 5 fits nowhere, and first-fit decreasing needs 4 bins.
+    s = np.array([6, 6, 6, 5])
+    assert packer(s, s, 3, 10, Work(10**6)) is None
+    # LPT ends at 9 and 11; fitting by rounds gives {6, 3} and {4, 4, 3} (11), and one swap
+    # of a 4 for the 3 repairs it: {6, 4} and {4, 3, 3}.
+    s = np.array([6, 4, 4, 3, 3])
+    assert max(_loads(construct(s, 2), s, 2)) == 11
+    bin_of = packer(s, s, 2, 10, Work(10**6))
+    assert sorted(_loads(bin_of, s, 2)) == [10, 10]
+
+
+def test_the_best_exchange_lands_nearest_half_the_gap():
+    # Heavy {8, 3} = 11, light {2}: gap 9, aim 4. Moving the 3 shifts 3 (off by 1); swapping
+    # 8 for 2 shifts 6 (off by 2); moving the 8 shifts 8: so the 3 moves.
+    bin_of = np.array([0, 0, 1])
+    w = np.array([8, 3, 2])
+    load = np.array([11, 2])
+    ex = best_exchanges(
+        bin_of,
+        w,
+        w,
+        np.array([0]),
+        np.array([1]),
+        np.array([9]),
+        np.array([9]),
+        load,
+        np.array([2, 1]),
+        100,
+        np.ones(3, dtype=bool),
+    )
+    assert (ex.give.tolist(), ex.take.tolist()) == ([1], [-1])
+
+
+def test_a_repair_exchange_stays_within_the_light_bins_room():
+    # Heavy {6, 3} = 9 over the cap of 8, light {4, 2} = 6 with room 2: the aim is min(3/2, 2)
+    # = 1, the 3 for the 2: 8 and 7, both within the cap. Moving the 3 would make the light 9.
+    bin_of = np.array([0, 0, 1, 1])
+    s = np.array([6, 3, 4, 2])
+    load = np.array([9, 6])
+    ex = best_exchanges(
+        bin_of,
+        s,
+        s,
+        np.array([0]),
+        np.array([1]),
+        np.array([3]),
+        np.array([2]),
+        load,
+        np.array([2, 2]),
+        8,
+        np.ones(4, dtype=bool),
+    )
+    assert (ex.give.tolist(), ex.take.tolist()) == ([1], [3])
+
+
+def test_bulk_moves_take_the_lightest_items_up_to_the_shift_and_leave_one():
+    bin_of = np.array([0, 0, 0, 0, 1])
+    w = np.array([5, 1, 1, 2, 3])
+    ex = bulk_moves(
+        bin_of,
+        w,
+        w,
+        np.array([0]),
+        np.array([1]),
+        np.array([3]),
+        np.array([100]),
+        np.array([4, 1]),
+        np.ones(5, dtype=bool),
+    )
+    assert sorted(ex.give.tolist()) == [1, 2]  # 1 + 1 <= 3; adding the 2 would pass it
+    ex = bulk_moves(
+        bin_of,
+        w,
+        w,
+        np.array([0]),
+        np.array([1]),
+        np.array([100]),
+        np.array([100]),
+        np.array([4, 1]),
+        np.ones(5, dtype=bool),
+    )
+    assert sorted(ex.give.tolist()) == [1, 2, 3]  # never the last item: the 5 stays
+
+
+def test_even_groups_moves_weight_from_the_heavier_group():
+    # One bin per group: {6, 2} and {2}. The 2 moves (a shift of 2 of the gap 6), then no
+    # exchange brings 6 and 4 closer: 6 and 4.
+    bin_of = np.array([0, 0, 1])
+    w = np.array([6, 2, 2])
+    even_groups(bin_of, w, w, 2, 100, 0.0, Work(10**6))
+    assert _loads(bin_of, w, 2) == [6, 4]
+
+
+@st.composite
+def packing_cases(draw: st.DrawFn):
+    family = draw(st.sampled_from(sorted(set(FAMILIES) - ISOLATE)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    cap = int(draw(st.sampled_from([1024, 4096, 16384])))
+    sizes = lengths_of(family, rng, draw(st.integers(2, 600)), cap)
+    bins = draw(st.integers(1, len(sizes)))
+    flops = draw(st.booleans())
+    weights = sizes + sizes * sizes // 64 if flops else sizes
+    return sizes, weights, bins, cap
+
+
+@PROPERTY
+@given(packing_cases(), st.integers(0, 400_000))
+def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
+    sizes, weights, bins, cap = case
+    work = Work(budget)
+    bin_of = BalancedPacker(budget=budget)(sizes, weights, bins, cap, work)
+    # One pass may start before the budget runs out: it visits at most all items 5 times.
+    assert work.spent < budget + 6 * len(sizes) + PASS_OVERHEAD
+    if bin_of is None:
+        return
+    counts = np.bincount(bin_of, minlength=bins)
+    assert len(counts) == bins and (counts > 0).all()
+    loads = np.bincount(bin_of, weights=sizes, minlength=bins)
+    assert ((loads <= cap) | (counts == 1)).all()
+
+
+@PROPERTY
+@given(packing_cases())
+def test_improving_never_raises_the_heaviest_bin_and_a_zero_budget_changes_nothing(case):
+    sizes, weights, bins, cap = case
+    bin_of = construct(weights, bins)
+    before = bin_of.copy()
+    improve(bin_of, sizes, weights, bins, cap, 0, Work(0))
+    assert (bin_of == before).all()
+    top = max(_loads(bin_of, weights, bins))
+    sizes_top = max(_loads(bin_of, sizes, bins))
+    improve(bin_of, sizes, weights, bins, cap, 0, Work(10**6))
+    assert (np.bincount(bin_of, minlength=bins) > 0).all()
+    if sizes_top <= cap:  # no repair needed: balancing only lowers the heaviest bin
+        assert max(_loads(bin_of, weights, bins)) <= top
+
+
+@pytest.mark.parametrize("family", sorted(set(FAMILIES) - ISOLATE))
+def test_the_same_items_pack_the_same_way_twice(family):
+    rng = np.random.default_rng(3)
+    s = lengths_of(family, rng, 3000, 16384)
+    bins = int(np.ceil(s.sum() / 16384)) + 2
+    a = BalancedPacker()(s, s, bins, 16384, Work(100_000))
+    b = BalancedPacker()(s.copy(), s.copy(), bins, 16384, Work(100_000))
+    assert (a is None and b is None) or (a == b).all()

@@ -1,0 +1,42 @@
+"""partition.deal: the heaviest-first order and the even split of items over groups."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.partition.deal import descending, split_even
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_descending_breaks_ties_by_index():
+    assert descending(np.array([3, 5, 3, 5, 1])).tolist() == [1, 3, 0, 2, 4]
+
+
+@PROPERTY
+@given(st.lists(st.integers(1, 20_000), min_size=1, max_size=600), st.integers(1, 40))
+def test_split_even_places_each_item_once_with_equal_counts_and_long_items_spread(weights, groups):
+    w = np.array(weights, dtype=np.int64)
+    cols = split_even(w, groups, 0.0)
+    assert cols.shape == (-(-len(weights) // groups), groups)
+    placed = cols[cols >= 0]
+    assert sorted(placed.tolist()) == list(range(len(weights)))
+    counts = (cols >= 0).sum(0)
+    assert counts.max() - counts.min() <= 1
+    # Every column heaviest first, and any "long" threshold is shared out within one item.
+    for col in cols.T:
+        col_w = w[col[col >= 0]]
+        assert (np.diff(col_w) <= 0).all()
+    for threshold in (np.median(w), np.percentile(w, 90)):
+        long = ((cols >= 0) & (w[np.maximum(cols, 0)] > threshold)).sum(0)
+        assert long.max() - long.min() <= 1
+
+
+def test_split_even_evens_the_totals():
+    rng = np.random.default_rng(0)
+    w = rng.integers(300, 16_000, 4096)
+    cols = split_even(w, 32, 0.0)
+    totals = np.array([w[c[c >= 0]].sum() for c in cols.T])
+    assert totals.max() * 32 / totals.sum() < 1.001
