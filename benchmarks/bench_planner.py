@@ -44,6 +44,7 @@ FLOPS = (1.0, 1 / 4096)  # any (a, b): only the flops imbalance metric reads it
 
 @dataclass
 class Case:
+    key: str  # "seed:index[:redraw]", what --only takes
     family: str
     layout: ParallelLayout
     max_tokens: int
@@ -59,13 +60,15 @@ class Case:
         lay = self.layout
         vpp = f" pp{lay.pp} vpp{lay.vpp} g{lay.microbatch_alignment}" if lay.vpp > 1 else ""
         return (
-            f"{self.family:9s} {self.global_batch_size:6d}×{self.steps} dp{lay.dp}{vpp}"
+            f"[{self.key}] {self.family:9s} {self.global_batch_size:6d}×{self.steps}"
+            f" dp{lay.dp}{vpp}"
             f" cp{lay.cp} cap {self.max_tokens * lay.cp}"
         )
 
 
-def draw_case(rng: np.random.Generator, family: str) -> Case:
-    """One random case of `family`."""
+def draw_case(key: str, family: str) -> Case:
+    """One random case of `family`, drawn from the numbers in `key`."""
+    rng = np.random.default_rng([int(part) for part in key.split(":")])
     dp = int(rng.choice([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]))
     vpp = int(rng.choice([1, 1, 2, 3]))
     pp = int(rng.choice([2, 4])) if vpp > 1 else int(rng.choice([1, 2]))
@@ -78,7 +81,7 @@ def draw_case(rng: np.random.Generator, family: str) -> Case:
     steps = int(rng.integers(1, 4))
     n = per_step * steps
     lengths = lengths_of(family, rng, n, max_tokens * cp).tolist()
-    return Case(family, layout, max_tokens, lengths, list(range(n)), per_step)
+    return Case(key, family, layout, max_tokens, lengths, list(range(n)), per_step)
 
 
 def first_fit_steps(case: Case) -> None:
@@ -228,22 +231,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-curve", action="store_true")
+    parser.add_argument("--only", help="one case by its key (SEED:INDEX[:REDRAW]), verbose")
     args = parser.parse_args(argv)
+    families = sorted(FAMILIES)
+    if args.only:
+        case = draw_case(args.only, families[int(args.only.split(":")[1]) % len(families)])
+        report([run_case(case, args.repeats)])
+        return 0
     seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     print(f"seed {seed} (rerun with --seed {seed})")
-    rng = np.random.default_rng(seed)
-    families = sorted(FAMILIES)
     results, refused = [], 0
-    while len(results) < args.cases:
-        case = draw_case(rng, families[len(results) % len(families)])
-        try:
-            results.append(run_case(case, args.repeats))
-        except SlimeHydraError:  # no plan exists (e.g. equal samples over cap/2, n % dp != 0)
-            refused += 1
+    for i in range(args.cases):
+        for redraw in range(8):
+            case = draw_case(f"{seed}:{i}" + (f":{redraw}" if redraw else ""), families[i % 8])
+            try:
+                results.append(run_case(case, args.repeats))
+                break
+            except SlimeHydraError:  # no plan exists (equal samples over cap/2, n % dp != 0)
+                refused += 1
     report(results)
     print(f"{refused} drawn cases refused with our error (no schedule exists), redrawn")
     if not args.no_curve:
-        curve(rng, args.repeats)
+        curve(np.random.default_rng([seed, args.cases]), args.repeats)
     return 0
 
 

@@ -49,21 +49,22 @@ def _few_per_part(desc: np.ndarray, parts: int, t: int) -> bool:
 
 def _crowded_bound(asc_prefix: np.ndarray, parts: int) -> int:
     """A bound on the heaviest part from item counts alone (`asc_prefix`: cumulative sums of
-    the items in ascending order, led by 0). For k with n > k × parts, let S be the s >= 1
-    parts holding k + 1 or more items (so (k+1)·s <= n); the others hold at most k each, so S
-    holds at least max(m + k·s, (k+1)·s) items, m = n - k × parts, which weigh at least as
-    much as that many smallest items: some part of S weighs ⌈that / s⌉ or more. The least over
-    s, the most over k. 10, 9, 8, 7, 6 in 2 parts: one holds three items, at least
+    the items in ascending order, led by 0), 0 when n <= parts. With k = ⌈n / parts⌉ - 1, let S
+    be the s >= 1 parts holding k + 1 or more items (so (k+1)·s <= n); the others hold at most
+    k each, so S holds at least max(m + k·s, (k+1)·s) items, m = n - k × parts, which weigh at
+    least as much as that many smallest items: some part of S weighs ⌈that / s⌉ or more; the
+    least over s is the bound. 10, 9, 8, 7, 6 in 2 parts: one holds three items, at least
     6 + 7 + 8 = 21, above the mean of 20 and every test above (and reached: {10, 9}, {8, 7, 6}).
+    (Smaller k give bounds too; the largest is the one that counts for few items per part.)
     """
     n = asc_prefix.size - 1
-    best = 0
-    for k in range(1, -(-n // parts)):
-        m = n - k * parts
-        s = np.arange(1, min(parts, n // (k + 1)) + 1)
-        held = np.maximum(m + k * s, (k + 1) * s)
-        best = max(best, int((-(-asc_prefix[held] // s)).min()))
-    return best
+    k = -(-n // parts) - 1
+    if k < 1:
+        return 0
+    m = n - k * parts
+    s = np.arange(1, min(parts, n // (k + 1)) + 1)
+    held = np.maximum(m + k * s, (k + 1) * s)
+    return int((-(-asc_prefix[held] // s)).min())
 
 
 def max_part_lower_bound(

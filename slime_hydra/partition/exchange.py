@@ -22,18 +22,24 @@ WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below an
 def _members(
     bin_of: np.ndarray, heavy: np.ndarray, light: np.ndarray, bins: int, movable: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The movable items of the heavy bins with their pair, and of the light bins with theirs:
-    one gather over all items."""
+    """The movable items of each pair's heavy bin with the pair (a heavy bin may be in several
+    pairs: its items come once per pair), and of the light bins (distinct) with theirs: one
+    gather over all items."""
     m = len(heavy)
-    pair = np.full(bins, -1, dtype=np.int64)
-    pair[heavy] = np.arange(m)
-    pair[light] = np.arange(m, 2 * m)
-    of = pair[bin_of]
-    items = np.flatnonzero(of >= 0)
-    items = items[movable[items]]
-    of = of[items]
-    is_heavy = of < m
-    return items[is_heavy], of[is_heavy], items[~is_heavy], of[~is_heavy] - m
+    light_pair = np.full(bins, -1, dtype=np.int64)
+    light_pair[light] = np.arange(m)
+    is_heavy = np.zeros(bins, dtype=bool)
+    is_heavy[heavy] = True
+    of_light = light_pair[bin_of]
+    li = np.flatnonzero((of_light >= 0) & movable)
+    hi = np.flatnonzero(is_heavy[bin_of] & movable)
+    hi = hi[np.argsort(bin_of[hi], kind="stable")]  # grouped by bin
+    per_bin = np.bincount(bin_of[hi], minlength=bins)
+    first = np.cumsum(per_bin) - per_bin
+    count = per_bin[heavy]
+    pair = np.repeat(np.arange(m), count)
+    within = np.arange(pair.size) - np.repeat(np.cumsum(count) - count, count)
+    return hi[first[heavy][pair] + within], pair, li, of_light[li]
 
 
 @dataclass(frozen=True)
@@ -71,9 +77,11 @@ def best_exchanges(
     cap: int,
     movable: np.ndarray,
 ) -> Exchanges:
-    """The best exchange of each pair (heavy[p], light[p]) that has one; the bins of all pairs
-    are distinct. `room[p]` bounds the shift besides `gap[p]`: what the light bin can take
-    below its ceiling (the cap in a repair, the heaviest bin when evening groups)."""
+    """The best exchange of each heavy bin over its pairs (heavy[p], light[p]); light bins are
+    distinct, a heavy bin may try several. `room[p]` bounds the shift besides `gap[p]`: what
+    the light bin can take below its ceiling (the cap in a repair, the heaviest bin when
+    evening groups). Of a heavy bin's pairs it takes the exchange that leaves the pair's
+    heavier side lightest."""
     hi, p, li, pl = _members(bin_of, heavy, light, len(size_load), movable)
     visited = hi.size * len(WINDOW) + li.size + len(bin_of) // 8
     if hi.size == 0:
@@ -119,8 +127,13 @@ def best_exchanges(
     pair_of = p[rows[pick]]
     best = np.lexsort((pick, flat[pick], pair_of))
     first = np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))
-    chosen = pick[best[first]]
+    chosen = pick[best[first]]  # one per pair
     pairs = p[rows[chosen]]
+    shift = d.ravel()[chosen]
+    kept = np.minimum(shift, gap[pairs] - shift)  # how far the pair's heavier side comes down
+    by_bin = np.lexsort((pairs, -kept, heavy[pairs]))
+    once = np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))
+    chosen, pairs = chosen[by_bin[once]], pairs[by_bin[once]]
     return Exchanges(
         heavy=heavy[pairs],
         light=light[pairs],

@@ -25,7 +25,7 @@ def test_construct_deals_rounds_heaviest_to_the_lightest_bin():
     # Round 0: 5 and 4 open the bins; round 1: the first 3 to the 4, the second to the 5;
     # round 2: the 2 to the lighter (7), the 1 to the 8: 9 and 9.
     w = np.array([5, 4, 3, 3, 2, 1])
-    bin_of = construct(w, 2)
+    bin_of = construct(w, 2, 0.01)
     assert bin_of.tolist() == [0, 1, 1, 0, 1, 0]
     assert _loads(bin_of, w, 2) == [9, 9]
 
@@ -34,7 +34,7 @@ def test_construct_pours_light_items_into_each_bins_room_below_the_mean():
     # Two bins of 100 and 60: a round of 1s cannot close the gap of 40, so the 1s are poured
     # into the room below the water level, 180: 180 and 180.
     w = np.array([100, 60] + [1] * 200)
-    bin_of = construct(w, 2)
+    bin_of = construct(w, 2, 0.01)
     assert _loads(bin_of, w, 2) == [180, 180]
 
 
@@ -43,8 +43,8 @@ def test_construct_pours_light_items_into_each_bins_room_below_the_mean():
 def test_construct_fills_every_bin_within_one_item_of_the_mean(family, seed, bins):
     rng = np.random.default_rng(seed)
     w = lengths_of(family, rng, int(rng.integers(bins, 4 * bins + 50)), 4096)
-    loads = np.asarray(_loads(construct(w, bins), w, bins))
-    counts = np.bincount(construct(w, bins), minlength=bins)
+    loads = np.asarray(_loads(construct(w, bins, 0.01), w, bins))
+    counts = np.bincount(construct(w, bins, 0.01), minlength=bins)
     assert (counts > 0).all()
     assert loads.max() <= w.sum() / bins + w.max()
 
@@ -65,7 +65,7 @@ def test_the_packer_refuses_what_fits_no_way_and_the_lpt_overflow_it_repairs():
     # LPT ends at 9 and 11; fitting by rounds gives {6, 3} and {4, 4, 3} (11), and one swap
     # of a 4 for the 3 repairs it: {6, 4} and {4, 3, 3}.
     s = np.array([6, 4, 4, 3, 3])
-    assert max(_loads(construct(s, 2), s, 2)) == 11
+    assert max(_loads(construct(s, 2, 0.01), s, 2)) == 11
     bin_of = packer(s, s, 2, 10, Work(10**6))
     assert sorted(_loads(bin_of, s, 2)) == [10, 10]
 
@@ -184,7 +184,7 @@ def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
 @given(packing_cases())
 def test_improving_never_raises_the_heaviest_bin_and_a_zero_budget_changes_nothing(case):
     sizes, weights, bins, cap = case
-    bin_of = construct(weights, bins)
+    bin_of = construct(weights, bins, 0.01)
     before = bin_of.copy()
     improve(bin_of, sizes, weights, bins, cap, 0, Work(0))
     assert (bin_of == before).all()
