@@ -17,6 +17,7 @@ in item visits, so every machine plans the same) is spent.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -361,8 +362,9 @@ def even_groups(
 
 @dataclass(frozen=True)
 class BalancedPacker:
-    """The default packer of dynamic batching (config: batching.partitioner): items into
-    exactly `bins` non-empty bins under the cap, as even as the work budget allows."""
+    """The default packer of dynamic batching (config: batching.partitioner): items into the
+    fewest non-empty bins it can under the cap, of the counts allowed, as even as the work
+    budget allows."""
 
     tolerance: float = 0.01
     """Stop balancing once the heaviest bin is within this fraction of its lower bound."""
@@ -371,44 +373,47 @@ class BalancedPacker:
     each on a current x86 core, so the default is about 5 ms; 0: no exchanges at all."""
 
     def __call__(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
-    ) -> np.ndarray | None:
-        """The bin of each item (every size <= cap), or None when these items cannot fill
-        `bins` non-empty bins within the cap this way: the balanced construction, or where it
-        breaks the cap a packing that does not (`_fit`), then balanced within `work`."""
-        n = len(sizes)
-        if n < bins or bins < 1:
-            return None
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        counts: Sequence[int],
+        cap: int,
+        work: Work,
+    ) -> tuple[int, np.ndarray] | None:
+        """The first bin count of `counts` (ascending) these items fill, non-empty and within
+        the cap (every size <= cap), and the bin of each item; None if none. Per count: the
+        balanced construction, or where it breaks the cap largest fit in rounds, first-fit
+        decreasing (computed once: it packs every count from its own up), or largest fit
+        repaired by exchanges (a budget of its own per count, so a count that cannot be packed
+        leaves the balancing its budget); then balanced within `work`."""
+        ffd: np.ndarray | None = None
+        for bins in counts:
+            if len(sizes) < bins:
+                return None
+            bin_of = construct(weights, bins, self.tolerance)
+            if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
+                bin_of = fit_rounds(sizes, bins, cap)
+                if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
+                    ffd = first_fit_decreasing(sizes, cap) if ffd is None else ffd
+                    if int(ffd.max()) + 1 <= bins:
+                        bin_of = ffd.copy()
+                        _fill_empty(bin_of, weights, bins)
+                    elif not improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget)):
+                        continue
+            improve(bin_of, sizes, weights, bins, cap, self._goal(weights, bin_of, bins), work)
+            return bins, bin_of
+        return None
+
+    def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
+        """Where balancing stops: within half the tolerance of the mean and the heaviest item,
+        or, where the packing is above that, of the proven bound on the heaviest bin."""
         slack = 1 + self.tolerance / 2
         goal = slack * max(int(weights.max()), int(weights.sum()) / bins)
-        bin_of = construct(weights, bins, self.tolerance)
         top = int(np.bincount(bin_of, weights=weights, minlength=bins).max())
-        if top > goal:  # the cheap bound missed: balance toward the proven one instead
-            bound = max_part_lower_bound(weights, bins, upper=top, rel_tol=self.tolerance / 4)
-            goal = max(goal, slack * bound)
-        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
-            bin_of = self._fit(sizes, weights, bins, cap)
-            if bin_of is None:
-                return None
-        improve(bin_of, sizes, weights, bins, cap, goal, work)
-        return bin_of
-
-    def _fit(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
-    ) -> np.ndarray | None:
-        """A packing within the cap where the balanced construction broke it: largest fit in
-        rounds, else first-fit decreasing, else largest fit repaired by exchanges (a budget of
-        its own: a K that cannot be packed must not eat the balancing of the next)."""
-        fitted = fit_rounds(sizes, bins, cap)
-        if int(np.bincount(fitted, weights=sizes, minlength=bins).max()) <= cap:
-            return fitted
-        ffd = first_fit_decreasing(sizes, cap)
-        if int(ffd.max()) + 1 <= bins:
-            _fill_empty(ffd, weights, bins)
-            return ffd
-        if improve(fitted, sizes, weights, bins, cap, cap, Work(self.budget)):
-            return fitted
-        return None
+        if top <= goal:
+            return goal
+        bound = max_part_lower_bound(weights, bins, upper=top, rel_tol=self.tolerance / 4)
+        return max(goal, slack * bound)
 
 
 def _fill_empty(bin_of: np.ndarray, weights: np.ndarray, bins: int) -> None:

@@ -38,16 +38,22 @@ class Work:
 
 
 class Partitioner(Protocol):
-    """Packs items into exactly `bins` non-empty bins, each of two or more items within `cap`
-    (sizes), as even in `weights` as `work` allows; None when it cannot. Dynamic batching's
-    partitioner (batching.partitioner); `tolerance` and `budget` are its settings."""
+    """Packs items into the first bin count of `counts` (ascending) it can: non-empty bins,
+    each of two or more items within `cap` (sizes), as even in `weights` as `work` allows;
+    returns the count and the bin of each item, or None. Dynamic batching's partitioner
+    (batching.partitioner); `tolerance` and `budget` are its settings."""
 
     tolerance: float
     budget: int
 
     def __call__(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
-    ) -> np.ndarray | None: ...
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        counts: Sequence[int],
+        cap: int,
+        work: Work,
+    ) -> tuple[int, np.ndarray] | None: ...
 
 
 def align_up(k: int, align: int, offset: int = 0) -> int:

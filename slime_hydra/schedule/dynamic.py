@@ -132,19 +132,17 @@ class DynamicBatching(BatchingStrategy):
         normal = np.flatnonzero(~over)
         alone = np.flatnonzero(over)
         work = Work(self.partitioner.budget)
-        k = microbatch_lower_bound(sizes, cap, dp, g)
-        while True:
-            bins = dp * k - alone.size
-            if normal.size < bins or (bins < 1 and normal.size):
-                raise self._too_few(len(samples), k, step)
-            packed = (
-                self.partitioner(sizes[normal], weights[normal], bins, cap, work)
-                if normal.size
-                else np.zeros(0, dtype=np.int64)
-            )
-            if packed is not None:
-                break
-            k += g
+        k_lb = microbatch_lower_bound(sizes, cap, dp, g)
+        # Bins for the samples within the cap: dp·K less the over-cap ones, K = K_lb, + g, ...
+        counts = range(dp * k_lb - alone.size, normal.size + 1, dp * g)
+        if normal.size:
+            found = self.partitioner(sizes[normal], weights[normal], counts, cap, work)
+        else:
+            found = (0, np.zeros(0, dtype=np.int64)) if dp * k_lb == alone.size else None
+        if found is None:
+            raise self._too_few(len(samples), k_lb, step)
+        bins, packed = found
+        k = (bins + alone.size) // dp
         bin_of = np.empty(len(samples), dtype=np.int64)
         bin_of[normal] = packed
         bin_of[alone] = np.arange(bins, bins + alone.size)

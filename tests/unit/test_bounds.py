@@ -72,7 +72,7 @@ def test_the_bound_never_exceeds_the_brute_force_optimum(weights, parts):
 def test_the_bound_is_below_what_the_packer_reaches(weights, parts):
     parts = min(parts, len(weights))
     w = np.asarray(weights, dtype=np.int64)
-    bin_of = BalancedPacker()(w, w, parts, 1 << 40, Work(10**6))
+    _, bin_of = BalancedPacker()(w, w, [parts], 1 << 40, Work(10**6))
     got = int(np.bincount(bin_of, weights=w, minlength=parts).max())
     assert max_part_lower_bound(weights, parts) <= got
 
