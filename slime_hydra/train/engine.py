@@ -15,9 +15,11 @@ micro-batch grouping and any layout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -35,7 +37,12 @@ from slime_hydra.schedule import ParallelLayout
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
 from slime_hydra.train.model import Device, build_model_chunks
-from slime_hydra.train.optimizer import OptimizerSettings, build_optimizer
+from slime_hydra.train.optimizer import (
+    OptimizerSettings,
+    build_optimizer,
+    grad_scaler,
+    optimizer_step,
+)
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,17 @@ class StepResult:
     approx_kl: float
     skipped: bool = False
     """The optimizer did not update: a non-finite gradient, or an fp16 loss-scale overflow."""
+    overflow: bool = False
+    """Skipped by fp16 dynamic loss scaling while the scale could still come down (the loss
+    finite): expected in the first steps, as megatron lowers the scale from 2**32."""
+    loss_scale: float | None = None
+    """The fp16 loss scale this step's backward ran with; None without loss scaling."""
     max_memory_gib: float | None = None
     """Peak CUDA memory allocated during the step, the largest over all ranks (GPU only)."""
 
     def metrics(self) -> dict[str, float]:
-        """DESIGN.md's train/* metrics, the PPO diagnostics, and perf/max_memory_gib on GPU."""
+        """DESIGN.md's train/* metrics, the PPO diagnostics, train/loss_scale under fp16, and
+        perf/max_memory_gib on GPU."""
         metrics = {
             "train/loss": self.loss,
             "train/grad_norm": self.grad_norm,
@@ -63,9 +76,23 @@ class StepResult:
             "train/clipfrac": self.clipfrac,
             "train/approx_kl": self.approx_kl,
         }
+        if self.loss_scale is not None:
+            metrics["train/loss_scale"] = self.loss_scale
         if self.max_memory_gib is not None:
             metrics["perf/max_memory_gib"] = self.max_memory_gib
         return metrics
+
+
+def loss_scale_overflow(
+    scaler: Any | None, scale: float | None, updated: bool, loss: float
+) -> bool:
+    """Whether a step was skipped by dynamic loss scaling that can still lower the scale (above
+    megatron's min_scale; a ConstantGradScaler cannot): an fp16 overflow, not a diverged
+    model, so long as the loss itself is finite."""
+    min_scale = getattr(scaler, "min_scale", None)
+    if updated or min_scale is None or scale is None or not math.isfinite(loss):
+        return False
+    return scale > float(min_scale)
 
 
 @dataclass(frozen=True)
@@ -167,6 +194,7 @@ class MegatronEngine:
         self.optimizer, self.scheduler = build_optimizer(
             self.chunks, optimizer, device, params_dtype, use_distributed_optimizer
         )
+        self.grad_scaler = grad_scaler(self.optimizer)
         if device == "cuda":
             config.grad_scale_func = self.optimizer.scale_loss
         self.step_fn = partial(forward_step, loss, device)
@@ -225,9 +253,8 @@ class MegatronEngine:
         # The scheduler sets lr and weight decay × wd_mult in every group (again after a
         # checkpoint load restored the saved ones).
         self.scheduler.step(1)
-        updated, grad_norm = False, None
-        if self.gradients_finite():
-            updated, grad_norm, _ = self.optimizer.step()
+        scale = None if self.grad_scaler is None else float(self.grad_scaler.scale.item())
+        updated, grad_norm = optimizer_step(self.optimizer, self.gradients_finite)
         tokens = max(tokens, 1.0)
         return StepResult(
             loss=loss / tokens,
@@ -236,5 +263,7 @@ class MegatronEngine:
             clipfrac=clipfrac / tokens,
             approx_kl=approx_kl / tokens,
             skipped=not updated,
+            overflow=loss_scale_overflow(self.grad_scaler, scale, updated, loss),
+            loss_scale=scale,
             max_memory_gib=self.peak_memory_gib(),
         )
