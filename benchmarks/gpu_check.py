@@ -946,17 +946,11 @@ def _init_single_rank(device: str) -> dict[str, Any]:
 
 
 def _thd_params(lengths: Sequence[int], device: str) -> Any:
-    import torch
-    from megatron.core.packed_seq_params import PackedSeqParams
+    """THD params of packed sequences of these lengths, cu_seqlens where the layers want them."""
+    from slime_hydra.data.packing import thd_params
+    from slime_hydra.train.model import seq_params_device
 
-    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device=device)
-    return PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        max_seqlen_q=max(lengths),
-        max_seqlen_kv=max(lengths),
-    )
+    return thd_params([0, *accumulate(lengths)], seq_params_device(device))
 
 
 def _rel(x: Any, ref: Any) -> float:

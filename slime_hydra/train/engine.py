@@ -36,7 +36,7 @@ from slime_hydra.data.packing import PackedMicrobatch
 from slime_hydra.schedule import ParallelLayout
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
-from slime_hydra.train.model import Device, build_model_chunks
+from slime_hydra.train.model import Device, build_model_chunks, seq_params_device
 from slime_hydra.train.optimizer import (
     OptimizerSettings,
     build_optimizer,
@@ -147,7 +147,7 @@ def forward_step(
         batch["tokens"],
         batch["position_ids"],
         None,
-        packed_seq_params=mb.packed_seq_params(device),
+        packed_seq_params=mb.packed_seq_params(seq_params_device(device)),
     )
     return output, partial(loss, batch)
 

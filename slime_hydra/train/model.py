@@ -51,6 +51,17 @@ def has_transformer_engine() -> bool:
     return gpt_layer_specs.HAVE_TE
 
 
+def uses_transformer_engine(device: Device) -> bool:
+    """Whether the model on `device` is built of Transformer Engine layers (CUDA, TE there)."""
+    return device == "cuda" and has_transformer_engine()
+
+
+def seq_params_device(device: Device) -> Device | None:
+    """Where the layers want cu_seqlens: on the GPU for TE's kernels; on the host (None) for
+    megatron's local layers, whose unfused RoPE and our attention read them as numbers."""
+    return device if uses_transformer_engine(device) else None
+
+
 def transformer_config(
     dims: ModelDims,
     device: Device = "cpu",
@@ -66,7 +77,7 @@ def transformer_config(
     gradient shapes when the previous and next stage are the same rank (pp=2; NVIDIA/Megatron-LM
     #1450): overlapped, unbatched p2p avoids it (and megatron refuses it without VPP).
     """
-    fused = device == "cuda" and has_transformer_engine()
+    fused = uses_transformer_engine(device)
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     interleaved = vpp is not None and vpp > 1
@@ -116,7 +127,7 @@ def transformer_config(
 def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
     """Transformer Engine layers on CUDA where TE is installed; otherwise megatron's local layers
     with our packed causal attention (plain torch SDPA per packed sequence, any device)."""
-    if device == "cuda" and has_transformer_engine():
+    if uses_transformer_engine(device):
         # TE's fused norm+linear layers read RMSNorm/LayerNorm from config.normalization.
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=dims.normalization)
