@@ -1091,7 +1091,7 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
     import torch
 
     from slime_hydra.train.loss import token_log_probs
-    from slime_hydra.train.model import build_gpt_model
+    from slime_hydra.train.model import build_gpt_model, build_model_chunks
 
     dims = load_dims(TINY)
     lengths = [5, 300, 17, 64]
@@ -1118,7 +1118,7 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
         }
         return logits.detach()[0].double().cpu(), grads
 
-    cpu_model = build_gpt_model(dims, "cpu")
+    (cpu_model,) = build_model_chunks(dims, SEED)
     cpu_logits, cpu_grads = forward(cpu_model, seqs, "cpu", True)
     state = cpu_model.state_dict()
     out: dict[str, Any] = {"lengths": lengths, "rtol": PARITY_RTOL, "cases": {}}
