@@ -1174,12 +1174,17 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
 def probe(json_path: Path, device: str = "cuda") -> int:
     """Device, attention, model parity and parameter count; JSON at json_path. `device="cpu"`
     is a dry run of the same code on this machine's CPU (no device figures)."""
+    from slime_hydra.train.distributed import destroy_distributed
+
     results: dict[str, Any] = {}
     if device == "cuda":
         _section(results, "device", probe_device)
-    _section(results, "setup", lambda: _init_single_rank(device))
-    _section(results, "attention", lambda: attention_check(device))
-    _section(results, "model_parity", lambda: model_parity_check(device))
+    try:
+        _section(results, "setup", lambda: _init_single_rank(device))
+        _section(results, "attention", lambda: attention_check(device))
+        _section(results, "model_parity", lambda: model_parity_check(device))
+    finally:
+        destroy_distributed()
     json_path.write_text(json.dumps(results, indent=1, default=str))
     return 0
 

@@ -118,6 +118,20 @@ def optimizer_step(optimizer: Any, gradients_finite: Callable[[], bool]) -> tupl
     return updated, grad_norm
 
 
+def checkpoint_state(optimizer: Any) -> Any:
+    """What a checkpoint keeps of the optimizer: its state_dict(), or nothing for megatron's
+    DistributedOptimizer. Its Adam moments are DP shards outside state_dict(), which these
+    checkpoints do not save (a resume with it is refused), and megatron-core 0.16.1's
+    state_dict() without TE or apex asserts one common Adam step over states torch creates in
+    the first applied step, so it fails in a checkpoint saved before any (all steps skipped)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    if any(isinstance(inner, DistributedOptimizer) for inner in inners):
+        return {}
+    return optimizer.state_dict()
+
+
 def build_optimizer(
     chunks: list[torch.nn.Module],
     settings: OptimizerSettings,

@@ -1,7 +1,8 @@
-"""The optimizer step under fp16 dynamic loss scaling (train/optimizer.optimizer_step) with
-megatron-core's own Float16Optimizer, ChainedOptimizer and DynamicGradScaler on the CPU: the
-scale must come down from 2**32 until the fp16 gradients fit, then the update applies; without
-a scaler (bf16), a non-finite gradient is never handed to the optimizer."""
+"""The GPU optimizer's step and checkpoint state (train/optimizer.py) with megatron-core's own
+Float16Optimizer, ChainedOptimizer and DynamicGradScaler on the CPU: under fp16 the loss scale
+must come down from 2**32 until the fp16 gradients fit, then the update applies; without a
+scaler (bf16), a non-finite gradient is never handed to the optimizer; a checkpoint asks the
+distributed optimizer for no state."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from slime_hydra.train import cpu_shim
 from slime_hydra.train.engine import StepResult, loss_scale_overflow
-from slime_hydra.train.optimizer import grad_scaler, optimizer_step
+from slime_hydra.train.optimizer import checkpoint_state, grad_scaler, optimizer_step
 from tests.single_rank import single_rank
 
 FP16_MAX = 65504.0
@@ -137,3 +138,18 @@ def test_the_loss_scale_is_a_metric_under_fp16_only():
     base = dict(loss=0.5, grad_norm=1.0, lr=1e-6, clipfrac=0.0, approx_kl=0.0)
     assert StepResult(**base, loss_scale=32768.0).metrics()["train/loss_scale"] == 32768.0
     assert "train/loss_scale" not in StepResult(**base).metrics()
+
+
+def test_a_checkpoint_keeps_the_optimizer_state_but_none_of_the_distributed_optimizer():
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import ChainedOptimizer
+
+    param = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    optimizer = megatron_optimizer(param, fp16=True)
+    state = checkpoint_state(optimizer)
+    assert state["grad_scaler"]["scale"].item() == 2.0**32
+    assert state.keys() == optimizer.state_dict().keys()
+    # Its state_dict() would assert one common Adam step, which fails before any applied step;
+    # an instance never built shows that it is not called at all.
+    unbuilt = object.__new__(DistributedOptimizer)
+    assert checkpoint_state(ChainedOptimizer([unbuilt])) == {}
