@@ -65,10 +65,13 @@ class StepResult:
     """The fp16 loss scale this step's backward ran with; None without loss scaling."""
     max_memory_gib: float | None = None
     """Peak CUDA memory allocated during the step, the largest over all ranks (GPU only)."""
+    max_memory_reserved_gib: float | None = None
+    """Peak CUDA memory the caching allocator held during the step (allocated, cached and
+    fragmented), the largest over all ranks (GPU only)."""
 
     def metrics(self) -> dict[str, float]:
         """DESIGN.md's train/* metrics, the PPO diagnostics, train/loss_scale under fp16, and
-        perf/max_memory_gib on GPU."""
+        perf/max_memory_gib and perf/max_memory_reserved_gib on GPU."""
         metrics = {
             "train/loss": self.loss,
             "train/grad_norm": self.grad_norm,
@@ -80,6 +83,8 @@ class StepResult:
             metrics["train/loss_scale"] = self.loss_scale
         if self.max_memory_gib is not None:
             metrics["perf/max_memory_gib"] = self.max_memory_gib
+        if self.max_memory_reserved_gib is not None:
+            metrics["perf/max_memory_reserved_gib"] = self.max_memory_reserved_gib
         return metrics
 
 
@@ -237,13 +242,19 @@ class MegatronEngine:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 
-    def peak_memory_gib(self) -> float | None:
-        """The step's peak CUDA memory, the largest over all ranks; None on CPU."""
+    def peak_memory_gib(self) -> tuple[float | None, float | None]:
+        """The step's peak CUDA memory (allocated, reserved), each the largest over all ranks;
+        None on CPU."""
         if self.device != "cuda":
-            return None
-        peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=self.device)
+            return None, None
+        peak = torch.tensor(
+            [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+            dtype=torch.float64,
+            device=self.device,
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return float(peak.item())
+        allocated, reserved = (peak / 2**30).tolist()
+        return allocated, reserved
 
     def train_step(self, microbatches: MicrobatchIterator) -> StepResult:
         """One optimizer step over this rank's micro-batches of the step."""
@@ -256,6 +267,7 @@ class MegatronEngine:
         scale = None if self.grad_scaler is None else float(self.grad_scaler.scale.item())
         updated, grad_norm = optimizer_step(self.optimizer, self.gradients_finite)
         tokens = max(tokens, 1.0)
+        allocated, reserved = self.peak_memory_gib()
         return StepResult(
             loss=loss / tokens,
             grad_norm=float("nan") if grad_norm is None else float(grad_norm),
@@ -265,5 +277,6 @@ class MegatronEngine:
             skipped=not updated,
             overflow=loss_scale_overflow(self.grad_scaler, scale, updated, loss),
             loss_scale=scale,
-            max_memory_gib=self.peak_memory_gib(),
+            max_memory_gib=allocated,
+            max_memory_reserved_gib=reserved,
         )
