@@ -62,6 +62,10 @@ def seq_params_device(device: Device) -> Device | None:
     return device if uses_transformer_engine(device) else None
 
 
+def keep_weight(weight: torch.Tensor) -> None:
+    """megatron's init method for every weight: draw nothing, `init_weights` draws each once."""
+
+
 def transformer_config(
     dims: ModelDims,
     device: Device = "cpu",
@@ -110,9 +114,13 @@ def transformer_config(
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=True,
-        # `init_weights` sets every parameter: megatron drawing them first would double the
-        # build time (minutes of one CPU thread for 1.5B parameters).
-        perform_initialization=False,
+        # `init_weights` draws every matrix; megatron drawing them first as well would double
+        # the build time (minutes of one CPU thread for 1.5B parameters). Not
+        # perform_initialization=False: megatron then leaves biases unset and weights without
+        # their tensor-parallel attributes.
+        init_method=keep_weight,
+        output_layer_init_method=keep_weight,
+        embedding_init_method=keep_weight,
         # The fused kernels below come with Transformer Engine (or apex); without them megatron
         # must take its plain torch paths.
         bias_activation_fusion=fused and dims.swiglu,
@@ -155,9 +163,9 @@ def init_weights(chunks: list[GPTModel], dims: ModelDims, seed: int, std: float 
     this rank's TP shard: the same model for any tp/pp/vpp split and on CPU or GPU.
 
     Megatron's own initialisation draws in construction order, so each pipeline stage would
-    draw different weights, and is off (`perform_initialization=False`); this keeps its
-    distributions (normal(0, std), output projections scaled by 1/sqrt(2·layers), norm weights
-    1, biases 0). Padded vocabulary rows are zero.
+    draw different weights; its init methods are `keep_weight` here, and this keeps its
+    distributions (normal(0, std), output projections scaled by 1/sqrt(2·layers); norms and
+    biases as built). Padded vocabulary rows are zero.
     """
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -165,8 +173,6 @@ def init_weights(chunks: list[GPTModel], dims: ModelDims, seed: int, std: float 
     for chunk in chunks:
         for name, param in chunk.named_parameters():
             if param.dim() < 2:
-                with torch.no_grad():
-                    param.fill_(0.0 if name.endswith("bias") else 1.0)
                 continue
             full_name = global_name(name, chunk, tied)
             sharded = getattr(param, "tensor_model_parallel", False)
