@@ -21,7 +21,9 @@ headline figures first:
 3. memory: peak CUDA memory (allocated and reserved) at step 2, when Adam's moments exist (torch
    creates them in the first step()), per batching.max_tokens_per_gpu, up to a cap whose
    micro-batches no longer fit the card (or nearly do): why the cap matters.
-4. probe, in a child process: device, versions, a bf16 matrix-product rate; PackedCausalAttention
+4. fp16: the tiny model in float16 for 30 small steps: megatron's loss scale must come down
+   from 2**32 until an update applies, every loss finite.
+5. probe, in a child process: device, versions, a bf16 matrix-product rate; PackedCausalAttention
    on CUDA against a float64 reference, and proof that no token attends across a packed sequence
    boundary; the tiny GPTModel on CUDA against the same weights on CPU (logits, gradients),
    packed against one sequence at a time.
@@ -96,13 +98,17 @@ MEMORY_CAPS = (32768, 16384)
 throughput runs), most telling first. 32768 tokens of a 152k vocabulary are 20 GB per fp32 copy
 of the log-probs alone, on top of ~28 GB of weights, gradients and Adam state and ~1.5 MB of
 activations per token: the setting where a micro-batch stops fitting the card (or nearly)."""
-GROUPS = ("loss", "throughput", "memory", "probe")
+GROUPS = ("loss", "throughput", "memory", "fp16", "probe")
 """The parts of `check`, in the order they run: the headline figures first."""
 PROBE_MIN_S = 40
 """Budget seconds the probe needs left to start (a CUDA context, two tiny models, attention)."""
 LOSS_DATA: dict[str, Any] = {"num_prompts": 8, "n_samples_per_prompt": 8}
 LOSS_GBS = 32
 LOSS_STEPS = 2
+FP16_GBS = 2
+FP16_STEPS = 30
+"""The fp16 run: 30 steps of 2 samples of LOSS_DATA, room for megatron's loss scale to come
+down from 2**32 (one halving per overflow after the first two) before an update applies."""
 
 # What the device's image holds already (KINDS.md, 'Python packages already there', read
 # 2026-11-17): these are not carried, so the device's own versions are used.
@@ -469,6 +475,44 @@ def throughput_runs(
     return runs
 
 
+def fp16_run(timeout_s: float = 120) -> RunSpec:
+    """trainer=gpu on the tiny model in float16, FP16_STEPS small steps."""
+    return RunSpec(
+        "fp16_tiny",
+        "fp16",
+        (
+            "trainer=gpu",
+            "logger=jsonl",
+            "parallel.dp=1",
+            f"model={TINY}",
+            f"seed={SEED}",
+            "batching=dynamic",
+            *data_overrides(LOSS_DATA, FP16_GBS),
+            f"trainer.max_steps={FP16_STEPS}",
+            "trainer.params_dtype=float16",
+        ),
+        timeout_s,
+    )
+
+
+def fp16_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Whether fp16 trains: a step applies once the loss scale has come down (a step is applied
+    when train/skipped_steps, a running count, does not grow), every loss finite."""
+    counts = [0, *(r["train/skipped_steps"] for r in rows)]
+    steps = zip(rows, counts[:-1], counts[1:], strict=True)
+    applied = [r["step"] for r, before, now in steps if now == before]
+    losses = [r.get("train/loss") for r in rows]
+    finite = all(x is not None and math.isfinite(x) for x in losses)
+    return {
+        "steps": len(rows),
+        "skipped_steps": counts[-1],
+        "first_applied_step": applied[0] if applied else None,
+        "applied_steps": len(applied),
+        "loss_scales": [r.get("train/loss_scale") for r in rows],
+        "passed": bool(applied) and finite,
+    }
+
+
 def skip_reason(spec: RunSpec, records: Mapping[str, Mapping[str, Any]]) -> str | None:
     """Why a memory run need not start: an earlier run of the model failed or timed out (it
     would fail the same way), or a smaller cap already ran out of memory. None: run it."""
@@ -557,6 +601,7 @@ def assemble_results(
         "params": {"model": THROUGHPUT_MODEL, "count": params},
         "probe_error": (probe or {}).get("error"),
         "loss_check": loss,
+        "fp16": fp16_summary(runs["fp16_tiny"]["rows"]) if runs.get("fp16_tiny") else None,
         "throughput": {
             "model": THROUGHPUT_MODEL,
             "rollout": dict(rollout),
@@ -600,6 +645,12 @@ def result_table(results: Mapping[str, Any]) -> str:
             f"loss step {s['step']}: gpu {s['gpu_loss']} cpu {s['cpu_loss']} "
             f"rel {s['loss_rel_diff']} ok={s['loss_ok']}  grad_norm gpu {s['gpu_grad_norm']} "
             f"cpu {s['cpu_grad_norm']} rel {s['grad_norm_rel_diff']} ok={s['grad_norm_ok']}"
+        )
+    fp16 = results.get("fp16") or {}
+    if fp16:
+        lines.append(
+            f"fp16 tiny: passed={fp16['passed']}  first applied step "
+            f"{fp16['first_applied_step']} of {fp16['steps']}, {fp16['skipped_steps']} skipped"
         )
     lines.append(f"{'run':<26}{'status':>10}{'mb/step':>9}{'tok/s':>10}{'MFU990':>8}{'GiB':>8}")
     for name, r in (results.get("throughput") or {}).get("runs", {}).items():
@@ -830,6 +881,9 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
             runner.skip(spec, why)
         else:
             runner.run(spec, min_left_s=60 if spec.group == "throughput" else 50)
+
+    if "fp16" in only:
+        runner.run(fp16_run())
 
     probe = None
     if "probe" in only:

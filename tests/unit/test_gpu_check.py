@@ -361,6 +361,31 @@ def test_compare_losses():
     assert not gc.compare_losses([], [])["passed"]
 
 
+def test_fp16_summary_by_hand():
+    def row(step, skipped, scale, loss=0.5):
+        return {"step": step, "train/skipped_steps": skipped, "train/loss_scale": scale,
+                "train/loss": loss}  # fmt: skip
+
+    # Steps 1-3 overflow (the count grows), step 4 applies at 2**30, step 5 overflows again.
+    rows_ = [row(1, 1, 2.0**32), row(2, 2, 2.0**32), row(3, 3, 2.0**31), row(4, 3, 2.0**30),
+             row(5, 4, 2.0**30)]  # fmt: skip
+    out = gc.fp16_summary(rows_)
+    assert (out["first_applied_step"], out["applied_steps"], out["skipped_steps"]) == (4, 1, 4)
+    assert out["passed"] and out["loss_scales"][3] == 2.0**30
+    never = [row(s, s, 2.0 ** (33 - s)) for s in range(1, 6)]  # the scale stuck, every skip
+    assert not gc.fp16_summary(never)["passed"]
+    assert not gc.fp16_summary([*rows_[:4], row(5, 3, 2.0**30, float("nan"))])["passed"]
+    assert not gc.fp16_summary([])["passed"]
+
+
+def test_fp16_run_trains_the_tiny_model_in_float16(compose_cfg):
+    spec = gc.fp16_run()
+    cfg = compose_cfg(*spec.overrides)
+    assert cfg.trainer.params_dtype == "float16" and cfg.model.name == "tiny"
+    assert cfg.trainer.max_steps == 30 and cfg.batching.global_batch_size == 2
+    assert cfg.data.num_prompts * cfg.data.n_samples_per_prompt >= 30 * 2  # 30 whole steps
+
+
 def test_memory_fit():
     fit = gc.memory_fit([(4000, 40.0), (8000, 50.0), (16000, 70.0)])
     assert fit["gib_per_1k_tokens"] == pytest.approx(2.5)
