@@ -1051,6 +1051,7 @@ def attention_check(device: str = "cuda") -> dict[str, Any]:
     masked-softmax reference per sequence, and a boundary check: changing one sequence's q, k, v
     must leave every other sequence's output and gradients exactly unchanged."""
     import torch
+    import torch.nn.functional as F
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1142,23 +1143,37 @@ def attention_check(device: str = "cuda") -> dict[str, Any]:
             "grad_outside_sequence_max_abs": grad_leak,
             "passed": ok,
         }
-        # Which SDPA kernels take these shapes (the default dispatch picks the first that does).
-        qs, ks, vs = (x[: lengths[4]].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        kernels[dtype_name] = {}
+        # Which SDPA kernels take these shapes (the default dispatch picks the first that does):
+        # a packed sequence (causal, GQA), and a CP chunk's masked call (a lower-right causal
+        # mask over twice its length) with keys expanded to every head, as the attention makes
+        # it, and with GQA kept, as it did before (only the math kernel takes that).
+        n = lengths[4]
+        qs, ks, vs = (x[:n].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        half = n // 2
+        mask = torch.ones(half, n, dtype=torch.bool, device=device).tril(n - half)
+        ke, ve = (x.repeat_interleave(heads // groups, dim=1) for x in (ks, vs))
+        gqa = heads != groups
+        calls = {
+            "causal_gqa": (qs, ks, vs, {"is_causal": True, "enable_gqa": gqa}),
+            "cp_mask_expanded": (qs[:, :, :half], ke, ve, {"attn_mask": mask}),
+            "cp_mask_gqa": (qs[:, :, :half], ks, vs, {"attn_mask": mask, "enable_gqa": gqa}),
+        }
+        kernels[dtype_name] = {name: {} for name in calls}
         for backend in (
             SDPBackend.FLASH_ATTENTION,
             SDPBackend.CUDNN_ATTENTION,
             SDPBackend.EFFICIENT_ATTENTION,
             SDPBackend.MATH,
         ):
-            try:
-                with sdpa_kernel([backend]):
-                    torch.nn.functional.scaled_dot_product_attention(
-                        qs, ks, vs, is_causal=True, enable_gqa=heads != groups
+            for name, (cq, ck, cv, kwargs) in calls.items():
+                try:
+                    with sdpa_kernel([backend]):
+                        F.scaled_dot_product_attention(cq, ck, cv, **kwargs)
+                    kernels[dtype_name][name][backend.name] = "ok"
+                except Exception as exc:
+                    kernels[dtype_name][name][backend.name] = (
+                        f"{type(exc).__name__}: {str(exc)[:160]}"
                     )
-                kernels[dtype_name][backend.name] = "ok"
-            except Exception as exc:
-                kernels[dtype_name][backend.name] = f"{type(exc).__name__}: {str(exc)[:160]}"
         if device == "cuda":
             torch.cuda.synchronize()
     return {
