@@ -1,29 +1,38 @@
 """trainer=gpu on one GPU (an H200 lent through the `device` tool): one prepared check.
 
 On the device machine, from the repository root (docs/gpu.md has the exact `run` call):
-    bash benchmarks/gpu_check.sh            # installs .gpu_wheels/ into /tmp/site, then `check`
-Here, to fetch those wheels first:
+    bash benchmarks/gpu_check.sh            # installs the packages (carried wheels, or
+                                            # `pip install -e .`), then `check`
+Here, to fetch wheels for a machine without package registries first:
     bash benchmarks/gpu_wheels.sh           # uses `python3 benchmarks/gpu_check.py wheels REPORT`
 
-`check` runs, inside one time budget (default 400 s; `--only` picks parts for a rerun):
-1. probe, in a child process: device, versions, a bf16 matrix-product rate; PackedCausalAttention
-   on CUDA against a float64 reference, and proof that no token attends across a packed sequence
-   boundary (outputs and gradients of the other sequences do not move when one sequence is
-   changed); the tiny GPTModel on CUDA against the same weights on CPU (logits, gradients),
-   packed against one sequence at a time.
-2. loss: `python -m slime_hydra trainer=gpu parallel.dp=1 model=tiny` in fp32 for 2 steps
-   against `trainer=cpu` on the same rollout and seed (the CPU run goes alongside the probe).
-3. throughput: Qwen2.5-1.5B's shape (conf/model/qwen2_5_1_5b.yaml, random weights) on a GRPO-like
+`check` runs, inside one time budget (default 400 s; `--only` picks parts for a rerun), the
+headline figures first:
+1. loss: `python -m slime_hydra trainer=gpu parallel.dp=1 model=tiny` in fp32 for 2 steps
+   against `trainer=cpu` on the same rollout, seed and lr (the CPU run goes alongside). Both
+   draw the same initial weights on the CPU (`init_weights`), and the rollout's synthesized
+   tokens carry the noise model's log-probs (data/tokens.py), so the ratio is not 1 and both
+   train/loss and train/grad_norm depend on the model: each must agree to LOSS_RTOL /
+   GRAD_NORM_RTOL at steps 1 and 2 (step 2 after one AdamW update on each device).
+2. throughput: Qwen2.5-1.5B's shape (conf/model/qwen2_5_1_5b.yaml, random weights) on a GRPO-like
    rollout, dynamic batching against fixed batching at the largest safe micro_batch_size;
    tokens/s and MFU (model FLOPs per second over the H200's dense bf16 peak, 990 TFLOP/s, the
    datasheet figure of the device docs' H200.md; also over the rate measured in the probe).
-4. memory: peak `perf/max_memory_gib` per batching.max_tokens_per_gpu, up to a cap whose
+3. memory: peak CUDA memory (allocated and reserved) at step 2, when Adam's moments exist (torch
+   creates them in the first step()), per batching.max_tokens_per_gpu, up to a cap whose
    micro-batches no longer fit the card (or nearly do): why the cap matters.
+4. fp16: the tiny model in float16 for 30 small steps: megatron's loss scale must come down
+   from 2**32 until an update applies, every loss finite.
+5. probe, in a child process: device, versions, a bf16 matrix-product rate; PackedCausalAttention
+   on CUDA against a float64 reference, and proof that no token attends across a packed sequence
+   boundary; the tiny GPTModel on CUDA against the same weights on CPU (logits, gradients),
+   packed against one sequence at a time.
 Results: $OUT/gpu_check.json (every run's metrics rows included), logs beside it.
 
 The pure parts (MFU arithmetic, parameter count, the safe micro-batch size, command lines, the
-result JSON, the wheel list) are functions tested on CPU by tests/unit/test_gpu_check.py. This
-module imports only the standard library at the top, so `wheels` runs under any python3.
+comparisons, the memory points, the result JSON, the wheel list) are functions tested on CPU by
+tests/unit/test_gpu_check.py. This module imports only the standard library at the top, so
+`wheels` runs under any python3.
 """
 
 from __future__ import annotations
@@ -63,35 +72,43 @@ CARD_GIB = 139.0
 TINY = "tiny"
 THROUGHPUT_MODEL = "qwen2_5_1_5b"
 SEED = 1234
-LOSS_RTOL = 1e-5
-"""train/loss of trainer=gpu (fp32) against trainer=cpu (fp32). Without rollout log-probs the
-ratio is 1 on both, so the loss is a masked token mean of the advantages: only summation order
-differs."""
-GRAD_NORM_RTOL = 1e-3
-"""train/grad_norm, reported only: it matches only if both trainers draw the same initial
-weights (trainer=cpu draws on the CPU generator, trainer=gpu on megatron's CUDA RNG)."""
+LOSS_LR = 1e-4
+"""trainer.lr of both loss runs (the trainers' defaults differ: 1e-3 on CPU, 1e-6 on GPU)."""
+LOSS_RTOL = 1e-4
+GRAD_NORM_RTOL = 1e-4
+"""train/loss and train/grad_norm of trainer=gpu (fp32) against trainer=cpu (fp32), same
+weights, rollout and lr: only summation order and kernels differ."""
 PARITY_RTOL = {"float32": 2e-3, "bfloat16": 2e-2}
 """‖cuda − cpu‖/‖cpu‖ of logits and gradients, same weights: fp32 (TF32 matmuls possible) and
 bf16 weights and activations on CUDA against fp32 on CPU."""
 ATTENTION_RTOL = {"float32": 1e-4, "bfloat16": 1e-2}
 """‖packed − reference‖/‖reference‖ per sequence, reference in float64 (METHOD.md's bounds)."""
 
-# GRPO-like rollout of the throughput and memory runs: 32 prompts × 8 samples, 64 per step
-# (4 steps), prompts ~512 tokens (≤ 1024), responses ~1k (≤ 3072): the synthetic_grpo defaults.
+# GRPO-like rollout of the throughput and memory runs: 32 prompts × 8 samples, 64 per step,
+# prompts ~512 tokens (≤ 1024), responses ~1k (≤ 3072): the synthetic_grpo defaults.
 THROUGHPUT_DATA: dict[str, Any] = {"num_prompts": 32, "n_samples_per_prompt": 8}
 THROUGHPUT_GBS = 64
-THROUGHPUT_STEPS = 4
+THROUGHPUT_STEPS = 3
+"""A warm-up step, then two timed ones."""
 THROUGHPUT_CAP = 8192
-MEMORY_CAPS = (32768, 16384, 4096)
+MEMORY_STEP = 2
+"""Memory is read at this step of every run: the first one with Adam's moments allocated."""
+MEMORY_CAPS = (32768, 16384)
 """max_tokens_per_gpu settings measured for peak memory (besides THROUGHPUT_CAP, from the
 throughput runs), most telling first. 32768 tokens of a 152k vocabulary are 20 GB per fp32 copy
 of the log-probs alone, on top of ~28 GB of weights, gradients and Adam state and ~1.5 MB of
 activations per token: the setting where a micro-batch stops fitting the card (or nearly)."""
-GROUPS = ("probe", "loss", "throughput", "memory")
-"""The parts of `check`, in the order they run."""
+GROUPS = ("loss", "throughput", "memory", "fp16", "probe")
+"""The parts of `check`, in the order they run: the headline figures first."""
+PROBE_MIN_S = 40
+"""Budget seconds the probe needs left to start (a CUDA context, two tiny models, attention)."""
 LOSS_DATA: dict[str, Any] = {"num_prompts": 8, "n_samples_per_prompt": 8}
 LOSS_GBS = 32
 LOSS_STEPS = 2
+FP16_GBS = 2
+FP16_STEPS = 30
+"""The fp16 run: 30 steps of 2 samples of LOSS_DATA, room for megatron's loss scale to come
+down from 2**32 (one halving per overflow after the first two) before an update applies."""
 
 # What the device's image holds already (KINDS.md, 'Python packages already there', read
 # 2026-11-17): these are not carried, so the device's own versions are used.
@@ -225,6 +242,20 @@ def _max_key(rows: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return max(values) if values else None
 
 
+def memory_at(rows: Sequence[Mapping[str, Any]], step: int = MEMORY_STEP) -> dict[str, Any] | None:
+    """Peak CUDA memory of step `step` of a run (allocated and reserved, GiB, as the trainer
+    logs them) with that step's largest micro-batch; None when the run has no such row."""
+    row = next((r for r in rows if r["step"] == step), None)
+    if row is None or row.get("perf/max_memory_gib") is None:
+        return None
+    return {
+        "step": step,
+        "allocated_gib": row["perf/max_memory_gib"],
+        "reserved_gib": row.get("perf/max_memory_reserved_gib"),
+        "mb_tokens_max": row.get("batch/mb_tokens_max"),
+    }
+
+
 def summarize_run(
     rows: Sequence[Mapping[str, Any]],
     schedule: Mapping[str, Any] | None,
@@ -234,14 +265,13 @@ def summarize_run(
 ) -> dict[str, Any]:
     """Throughput of a run's metrics.jsonl rows, steps after the first `warmup` ones (all rows
     when there are no more): tokens/s = Σ tokens / Σ step_s, MFU = Σ model FLOPs / Σ step_s
-    over each peak in `peaks` (name → FLOP/s); micro-batch shape and the peak memory over all
-    rows (perf/max_memory_gib, logged by the trainer on CUDA)."""
+    over each peak in `peaks` (name → FLOP/s); micro-batch shape; memory at MEMORY_STEP."""
     peaks = {"h200_dense_bf16_990": H200_BF16_DENSE_PEAK} if peaks is None else peaks
     timed = list(rows[warmup:]) or list(rows)
     out: dict[str, Any] = {
         "steps": len(rows),
         "timed_steps": [r["step"] for r in timed],
-        "max_memory_gib": _max_key(rows, "perf/max_memory_gib"),
+        "memory": memory_at(rows),
         "mb_tokens_max": _max_key(rows, "batch/mb_tokens_max"),
         "cap_violations": sum(r.get("batch/cap_violations", 0) for r in rows),
     }
@@ -270,7 +300,8 @@ def compare_losses(
     rtol: float = LOSS_RTOL,
     grad_rtol: float = GRAD_NORM_RTOL,
 ) -> dict[str, Any]:
-    """train/loss (checked) and train/grad_norm (reported) of both trainers at `steps`."""
+    """train/loss and train/grad_norm of both trainers at `steps`, each checked: the check
+    passes only when both agree at every step."""
 
     def at(rows: Sequence[Mapping[str, Any]], step: int, key: str) -> float | None:
         return next((r.get(key) for r in rows if r["step"] == step), None)
@@ -295,14 +326,14 @@ def compare_losses(
                 "gpu_grad_norm": gg,
                 "cpu_grad_norm": cg,
                 "grad_norm_rel_diff": grad_rel,
-                "grad_norm_match": grad_rel is not None and grad_rel <= grad_rtol,
+                "grad_norm_ok": grad_rel is not None and grad_rel <= grad_rtol,
             }
         )
     return {
         "loss_rtol": rtol,
-        "grad_norm_rtol_reported": grad_rtol,
+        "grad_norm_rtol": grad_rtol,
         "steps": per_step,
-        "passed": bool(per_step) and all(p["loss_ok"] for p in per_step),
+        "passed": bool(per_step) and all(p["loss_ok"] and p["grad_norm_ok"] for p in per_step),
     }
 
 
@@ -355,13 +386,14 @@ def data_overrides(data: Mapping[str, Any], global_batch_size: int) -> list[str]
     ]
 
 
-def loss_runs(timeout_s: float = 240) -> list[RunSpec]:
-    """trainer=gpu and trainer=cpu on the tiny model, fp32, same rollout and seed, 2 steps."""
+def loss_runs(timeout_s: float = 150) -> list[RunSpec]:
+    """trainer=gpu and trainer=cpu on the tiny model, fp32, same rollout, seed and lr, 2 steps."""
     common = [
         "logger=jsonl",
         "parallel.dp=1",
         f"model={TINY}",
         f"seed={SEED}",
+        f"trainer.lr={LOSS_LR}",
         "batching=dynamic",
         *data_overrides(LOSS_DATA, LOSS_GBS),
         f"trainer.max_steps={LOSS_STEPS}",
@@ -382,11 +414,11 @@ def throughput_runs(
     cap: int = THROUGHPUT_CAP,
     memory_caps: Sequence[int] = MEMORY_CAPS,
     steps: int = THROUGHPUT_STEPS,
-    timeout_s: float = 200,
-    memory_timeout_s: float = 120,
+    timeout_s: float = 150,
+    memory_timeout_s: float = 110,
 ) -> list[RunSpec]:
-    """Dynamic and safe fixed batching at `cap` (steps each, the first a warm-up), then one step
-    of dynamic batching at each of `memory_caps` for its peak memory."""
+    """Dynamic and safe fixed batching at `cap` (steps each, the first a warm-up), then
+    MEMORY_STEP steps of dynamic batching at each of `memory_caps` for its peak memory."""
     common = [
         "trainer=gpu",
         "logger=jsonl",
@@ -433,14 +465,52 @@ def throughput_runs(
                     *common,
                     "batching=dynamic",
                     f"batching.max_tokens_per_gpu={c}",
-                    "trainer.max_steps=1",
+                    f"trainer.max_steps={MEMORY_STEP}",
                 ),
                 memory_timeout_s,
-                1,
+                MEMORY_STEP,
                 c,
             )
         )
     return runs
+
+
+def fp16_run(timeout_s: float = 120) -> RunSpec:
+    """trainer=gpu on the tiny model in float16, FP16_STEPS small steps."""
+    return RunSpec(
+        "fp16_tiny",
+        "fp16",
+        (
+            "trainer=gpu",
+            "logger=jsonl",
+            "parallel.dp=1",
+            f"model={TINY}",
+            f"seed={SEED}",
+            "batching=dynamic",
+            *data_overrides(LOSS_DATA, FP16_GBS),
+            f"trainer.max_steps={FP16_STEPS}",
+            "trainer.params_dtype=float16",
+        ),
+        timeout_s,
+    )
+
+
+def fp16_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Whether fp16 trains: a step applies once the loss scale has come down (a step is applied
+    when train/skipped_steps, a running count, does not grow), every loss finite."""
+    counts = [0, *(r["train/skipped_steps"] for r in rows)]
+    steps = zip(rows, counts[:-1], counts[1:], strict=True)
+    applied = [r["step"] for r, before, now in steps if now == before]
+    losses = [r.get("train/loss") for r in rows]
+    finite = all(x is not None and math.isfinite(x) for x in losses)
+    return {
+        "steps": len(rows),
+        "skipped_steps": counts[-1],
+        "first_applied_step": applied[0] if applied else None,
+        "applied_steps": len(applied),
+        "loss_scales": [r.get("train/loss_scale") for r in rows],
+        "passed": bool(applied) and finite,
+    }
 
 
 def skip_reason(spec: RunSpec, records: Mapping[str, Mapping[str, Any]]) -> str | None:
@@ -493,25 +563,27 @@ def assemble_results(
         )
     throughput = {n: summary(n) for n, r in runs.items() if r.get("group") == "throughput"}
     memory_names = [n for n, r in runs.items() if r.get("group") in ("throughput", "memory")]
-    memory = sorted(
-        (
+    memory = []
+    for n in memory_names:
+        at = memory_at(runs[n].get("rows") or []) or {}
+        memory.append(
             {
                 "run": n,
                 "batching": "fixed" if n.startswith("fixed") else "dynamic",
                 "max_tokens_per_gpu": runs[n].get("cap"),
-                **{
-                    k: summary(n).get(k)
-                    for k in ("status", "mb_tokens_max", "max_memory_gib", "nvidia_smi_peak_mib")
-                },
+                "status": runs[n]["status"],
+                "step": MEMORY_STEP,
+                "mb_tokens_max": at.get("mb_tokens_max"),
+                "allocated_gib": at.get("allocated_gib"),
+                "reserved_gib": at.get("reserved_gib"),
+                "nvidia_smi_peak_mib": runs[n].get("nvidia_smi_peak_mib"),
             }
-            for n in memory_names
-        ),
-        key=lambda m: (m["max_tokens_per_gpu"] or 0, m["run"]),
-    )
+        )
+    memory.sort(key=lambda m: (m["max_tokens_per_gpu"] or 0, m["run"]))
     points = [
-        (m["mb_tokens_max"], m["max_memory_gib"])
+        (m["mb_tokens_max"], m["allocated_gib"])
         for m in memory
-        if m["batching"] == "dynamic" and m["mb_tokens_max"] and m["max_memory_gib"]
+        if m["batching"] == "dynamic" and m["mb_tokens_max"] and m["allocated_gib"]
     ]
     fit = memory_fit(points)
     dyn = [v for n, v in throughput.items() if n.startswith("dynamic") and "tokens_per_s" in v]
@@ -529,6 +601,7 @@ def assemble_results(
         "params": {"model": THROUGHPUT_MODEL, "count": params},
         "probe_error": (probe or {}).get("error"),
         "loss_check": loss,
+        "fp16": fp16_summary(runs["fp16_tiny"]["rows"]) if runs.get("fp16_tiny") else None,
         "throughput": {
             "model": THROUGHPUT_MODEL,
             "rollout": dict(rollout),
@@ -571,7 +644,13 @@ def result_table(results: Mapping[str, Any]) -> str:
         lines.append(
             f"loss step {s['step']}: gpu {s['gpu_loss']} cpu {s['cpu_loss']} "
             f"rel {s['loss_rel_diff']} ok={s['loss_ok']}  grad_norm gpu {s['gpu_grad_norm']} "
-            f"cpu {s['cpu_grad_norm']}"
+            f"cpu {s['cpu_grad_norm']} rel {s['grad_norm_rel_diff']} ok={s['grad_norm_ok']}"
+        )
+    fp16 = results.get("fp16") or {}
+    if fp16:
+        lines.append(
+            f"fp16 tiny: passed={fp16['passed']}  first applied step "
+            f"{fp16['first_applied_step']} of {fp16['steps']}, {fp16['skipped_steps']} skipped"
         )
     lines.append(f"{'run':<26}{'status':>10}{'mb/step':>9}{'tok/s':>10}{'MFU990':>8}{'GiB':>8}")
     for name, r in (results.get("throughput") or {}).get("runs", {}).items():
@@ -579,12 +658,13 @@ def result_table(results: Mapping[str, Any]) -> str:
             f"{name:<26}{r['status']:>10}{_fmt(r.get('num_microbatches'), 1):>9}"
             f"{_fmt(r.get('tokens_per_s'), 0):>10}"
             f"{_fmt((r.get('mfu') or {}).get('h200_dense_bf16_990'), 3):>8}"
-            f"{_fmt(r.get('max_memory_gib'), 1):>8}"
+            f"{_fmt((r.get('memory') or {}).get('allocated_gib'), 1):>8}"
         )
     for m in (results.get("memory") or {}).get("runs", []):
         lines.append(
-            f"memory cap {m['max_tokens_per_gpu']:>6} ({m['batching']}): {m['status']}, "
-            f"largest mb {m['mb_tokens_max']} tokens, peak {_fmt(m['max_memory_gib'], 1)} GiB"
+            f"memory cap {m['max_tokens_per_gpu']:>6} ({m['batching']}): {m['status']}, step "
+            f"{m['step']}: largest mb {m['mb_tokens_max']} tokens, peak allocated "
+            f"{_fmt(m['allocated_gib'], 1)} GiB, reserved {_fmt(m['reserved_gib'], 1)} GiB"
         )
     return "\n".join(lines)
 
@@ -786,14 +866,10 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
         flush=True,
     )
 
-    # The CPU loss run goes alongside the probe and the GPU loss run (it needs no GPU time).
-    gpu_loss, cpu_loss = loss_runs()
-    cpu_started = runner.start(cpu_loss) if "loss" in only else None
-    probe = None
-    if "probe" in only:
-        probe = run_probe(work, min(180.0, runner.remaining()))
-        print(f"[gpu_check] probe: {json.dumps(probe, default=str)[:1500]}", flush=True)
-    if cpu_started is not None:
+    # Headline figures first (GROUPS' order). The CPU loss run goes alongside the GPU one.
+    if "loss" in only:
+        gpu_loss, cpu_loss = loss_runs()
+        cpu_started = runner.start(cpu_loss)
         runner.run(gpu_loss)
         runner.finish(cpu_loss, *cpu_started)
 
@@ -805,6 +881,17 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
             runner.skip(spec, why)
         else:
             runner.run(spec, min_left_s=60 if spec.group == "throughput" else 50)
+
+    if "fp16" in only:
+        runner.run(fp16_run())
+
+    probe = None
+    if "probe" in only:
+        if runner.remaining() < PROBE_MIN_S:
+            probe = {"error": f"skipped: {runner.remaining():.0f} s left of the budget"}
+        else:
+            probe = run_probe(work, min(150.0, runner.remaining()))
+        print(f"[gpu_check] probe: {json.dumps(probe, default=str)[:1500]}", flush=True)
 
     results = assemble_results(
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
@@ -946,17 +1033,11 @@ def _init_single_rank(device: str) -> dict[str, Any]:
 
 
 def _thd_params(lengths: Sequence[int], device: str) -> Any:
-    import torch
-    from megatron.core.packed_seq_params import PackedSeqParams
+    """THD params of packed sequences of these lengths, cu_seqlens where the layers want them."""
+    from slime_hydra.data.packing import thd_params
+    from slime_hydra.train.model import seq_params_device
 
-    cu = torch.tensor([0, *accumulate(lengths)], dtype=torch.int32, device=device)
-    return PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        max_seqlen_q=max(lengths),
-        max_seqlen_kv=max(lengths),
-    )
+    return thd_params([0, *accumulate(lengths)], seq_params_device(device))
 
 
 def _rel(x: Any, ref: Any) -> float:
@@ -970,6 +1051,7 @@ def attention_check(device: str = "cuda") -> dict[str, Any]:
     masked-softmax reference per sequence, and a boundary check: changing one sequence's q, k, v
     must leave every other sequence's output and gradients exactly unchanged."""
     import torch
+    import torch.nn.functional as F
     from megatron.core.transformer.enums import AttnMaskType
     from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1061,23 +1143,37 @@ def attention_check(device: str = "cuda") -> dict[str, Any]:
             "grad_outside_sequence_max_abs": grad_leak,
             "passed": ok,
         }
-        # Which SDPA kernels take these shapes (the default dispatch picks the first that does).
-        qs, ks, vs = (x[: lengths[4]].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-        kernels[dtype_name] = {}
+        # Which SDPA kernels take these shapes (the default dispatch picks the first that does):
+        # a packed sequence (causal, GQA), and a CP chunk's masked call (a lower-right causal
+        # mask over twice its length) with keys expanded to every head, as the attention makes
+        # it, and with GQA kept, as it did before (only the math kernel takes that).
+        n = lengths[4]
+        qs, ks, vs = (x[:n].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        half = n // 2
+        mask = torch.ones(half, n, dtype=torch.bool, device=device).tril(n - half)
+        ke, ve = (x.repeat_interleave(heads // groups, dim=1) for x in (ks, vs))
+        gqa = heads != groups
+        calls = {
+            "causal_gqa": (qs, ks, vs, {"is_causal": True, "enable_gqa": gqa}),
+            "cp_mask_expanded": (qs[:, :, :half], ke, ve, {"attn_mask": mask}),
+            "cp_mask_gqa": (qs[:, :, :half], ks, vs, {"attn_mask": mask, "enable_gqa": gqa}),
+        }
+        kernels[dtype_name] = {name: {} for name in calls}
         for backend in (
             SDPBackend.FLASH_ATTENTION,
             SDPBackend.CUDNN_ATTENTION,
             SDPBackend.EFFICIENT_ATTENTION,
             SDPBackend.MATH,
         ):
-            try:
-                with sdpa_kernel([backend]):
-                    torch.nn.functional.scaled_dot_product_attention(
-                        qs, ks, vs, is_causal=True, enable_gqa=heads != groups
+            for name, (cq, ck, cv, kwargs) in calls.items():
+                try:
+                    with sdpa_kernel([backend]):
+                        F.scaled_dot_product_attention(cq, ck, cv, **kwargs)
+                    kernels[dtype_name][name][backend.name] = "ok"
+                except Exception as exc:
+                    kernels[dtype_name][name][backend.name] = (
+                        f"{type(exc).__name__}: {str(exc)[:160]}"
                     )
-                kernels[dtype_name][backend.name] = "ok"
-            except Exception as exc:
-                kernels[dtype_name][backend.name] = f"{type(exc).__name__}: {str(exc)[:160]}"
         if device == "cuda":
             torch.cuda.synchronize()
     return {
@@ -1097,7 +1193,7 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
     import torch
 
     from slime_hydra.train.loss import token_log_probs
-    from slime_hydra.train.model import build_gpt_model
+    from slime_hydra.train.model import build_gpt_model, build_model_chunks
 
     dims = load_dims(TINY)
     lengths = [5, 300, 17, 64]
@@ -1124,7 +1220,7 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
         }
         return logits.detach()[0].double().cpu(), grads
 
-    cpu_model = build_gpt_model(dims, "cpu")
+    (cpu_model,) = build_model_chunks(dims, SEED)
     cpu_logits, cpu_grads = forward(cpu_model, seqs, "cpu", True)
     state = cpu_model.state_dict()
     out: dict[str, Any] = {"lengths": lengths, "rtol": PARITY_RTOL, "cases": {}}
@@ -1180,12 +1276,17 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
 def probe(json_path: Path, device: str = "cuda") -> int:
     """Device, attention, model parity and parameter count; JSON at json_path. `device="cpu"`
     is a dry run of the same code on this machine's CPU (no device figures)."""
+    from slime_hydra.train.distributed import destroy_distributed
+
     results: dict[str, Any] = {}
     if device == "cuda":
         _section(results, "device", probe_device)
-    _section(results, "setup", lambda: _init_single_rank(device))
-    _section(results, "attention", lambda: attention_check(device))
-    _section(results, "model_parity", lambda: model_parity_check(device))
+    try:
+        _section(results, "setup", lambda: _init_single_rank(device))
+        _section(results, "attention", lambda: attention_check(device))
+        _section(results, "model_parity", lambda: model_parity_check(device))
+    finally:
+        destroy_distributed()
     json_path.write_text(json.dumps(results, indent=1, default=str))
     return 0
 

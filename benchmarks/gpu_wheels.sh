@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Download, here, the wheels that benchmarks/gpu_check.sh installs on the device machine:
 # megatron-core, hydra-core, omegaconf, antlr4-python3-runtime, wandb and those of their
-# dependencies the device's image lacks (benchmarks/gpu_check.py: DEVICE_PACKAGES), for
-# CPython 3.12 on manylinux x86_64. torch is never downloaded: the device has 2.11+cu130.
+# dependencies the device's image lacks (benchmarks/gpu_check.py: DEVICE_PACKAGES), for the
+# device's CPython (GPU_PYTHON_VERSION, default 3.12: the lent image's) on manylinux x86_64.
+# torch is never downloaded: the device has 2.11+cu130.
 #   bash benchmarks/gpu_wheels.sh [DEST]          # DEST defaults to .gpu_wheels (git-ignored)
 # The folder travels with `carry` (64 MiB per call for the tree and carried paths together).
+# A GPU machine that reaches the package registries needs none of this: gpu_check.sh then
+# runs `pip install -e .`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${1:-.gpu_wheels}
@@ -14,7 +17,8 @@ HYDRA=hydra-core==1.3.8
 OMEGACONF=omegaconf==2.3.1
 ANTLR=antlr4-python3-runtime==4.9.3
 WANDB=wandb==0.31.0
-TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp
+PYTHON_VERSION=${GPU_PYTHON_VERSION:-3.12}
+TARGET=(--only-binary=:all: --python-version "$PYTHON_VERSION" --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64)

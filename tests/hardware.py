@@ -1,6 +1,6 @@
 """Hardware needs in one place (lightning-hydra-template's RunIf): a test that needs CUDA skips
-on a CPU host, and a test that asserts the refusal of a host without enough GPUs skips on a
-host that has them."""
+on a CPU host, and a test that asserts the refusal of a host without enough GPUs (or without
+Transformer Engine) skips on a host that has them."""
 
 from __future__ import annotations
 
@@ -28,3 +28,12 @@ def needs_fewer_cuda_than(count: int) -> None:
     has `count` or more CUDA devices."""
     if cuda_devices() >= count:
         pytest.skip(f"asserts a host with fewer than {count} CUDA devices; this one has more")
+
+
+def needs_no_transformer_engine() -> None:
+    """Skip the calling test (which asserts what happens without Transformer Engine) on a host
+    where megatron-core can build TE layers."""
+    from slime_hydra.train.model import has_transformer_engine
+
+    if has_transformer_engine():
+        pytest.skip("asserts a host without Transformer Engine; this one has it")

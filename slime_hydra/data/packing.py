@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -50,16 +51,37 @@ class PackedMicrobatch:
     num_loss_tokens: int
     sample_indices: np.ndarray
 
-    def packed_seq_params(self, device: torch.device | str | None = None) -> PackedSeqParams:
-        """megatron-core's PackedSeqParams for these sequences (qkv_format 'thd')."""
-        cu = self.cu_seqlens if device is None else self.cu_seqlens.to(device, non_blocking=True)
-        return PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=cu,
-            cu_seqlens_kv=cu,
-            max_seqlen_q=self.max_seqlen,
-            max_seqlen_kv=self.max_seqlen,
-        )
+    def packed_seq_params(self, device: torch.device | str | None = None) -> ThdParams:
+        """megatron-core's THD params for these sequences, cu_seqlens on `device` (None: the
+        host, where megatron's unfused RoPE and our attention read them without a sync)."""
+        return thd_params(self.cu_seqlens.tolist(), device)
+
+
+@dataclass
+class ThdParams(PackedSeqParams):
+    """megatron-core's PackedSeqParams (qkv_format 'thd') that also carries the sequence
+    boundaries as Python ints, so the packed attention (train/attention.py) slices sequences
+    without reading cu_seqlens back from the GPU in every layer."""
+
+    bounds: tuple[int, ...] = ()
+    """cu_seqlens as ints: 0, the end of each packed sequence, ..., the packed length (× cp)."""
+
+
+def thd_params(bounds: Sequence[int], device: torch.device | str | None = None) -> ThdParams:
+    """THD params of packed sequences with these boundaries; cu_seqlens (int32) on `device`,
+    the host when None. Transformer Engine's kernels need them on the GPU."""
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    if device is not None:
+        cu = cu.to(device, non_blocking=True)
+    longest = max(b - a for a, b in pairwise(bounds))
+    return ThdParams(
+        qkv_format="thd",
+        cu_seqlens_q=cu,
+        cu_seqlens_kv=cu,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+        bounds=tuple(int(b) for b in bounds),
+    )
 
 
 def _local_positions(kept: np.ndarray, cp_size: int, cp_rank: int) -> tuple[np.ndarray, np.ndarray]:

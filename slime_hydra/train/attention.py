@@ -8,15 +8,22 @@ tensor-parallel ranks (the QKV projection is column-parallel), so each rank atte
 own heads and query groups only.
 
 Context parallelism: each CP rank holds chunks r and 2cp-1-r of every sequence (the zig-zag
-layout of TE and `data/packing.py`). Keys and values are all-gathered over the CP group and put
-back in sequence order; each local query attends to the keys at or before its global position.
-Backward reduce-scatters the gathered keys' and values' gradients back to their ranks.
+layout of TE and `data/packing.py`). Keys and values are all-gathered over the CP group; each
+local chunk p attends to the sequence's chunks 0..p, causally by global position (a
+lower-right causal mask). Backward reduce-scatters the gathered keys' and values' gradients
+back to their ranks. A masked call gets keys and values expanded to every query head: SDPA's
+memory-efficient kernel takes a mask but not `enable_gqa`, and the math kernel, which takes
+both, holds fp32 scores of every head.
+
+Sequence boundaries come as Python ints (`data.packing.ThdParams.bounds`), so the forward
+reads nothing back from the GPU.
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -100,7 +107,11 @@ class PackedCausalAttention(MegatronModule):
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """SDPA on [b, heads, s, hn] tensors with GQA key/value groups: causal, or under `mask`
-        (True where a query may attend) when queries and keys are not aligned."""
+        (True where a query may attend) when queries and keys are not aligned; a masked call
+        gets k and v repeated to every query head, so a fused kernel can take it."""
+        groups = self.num_heads_per_partition // self.num_query_groups_per_partition
+        if mask is not None and groups > 1:
+            k, v = (x.repeat_interleave(groups, dim=1) for x in (k, v))
         return F.scaled_dot_product_attention(
             q,
             k,
@@ -109,7 +120,7 @@ class PackedCausalAttention(MegatronModule):
             dropout_p=dropout_p,
             is_causal=mask is None,
             scale=self.softmax_scale,
-            enable_gqa=self.num_heads_per_partition != self.num_query_groups_per_partition,
+            enable_gqa=mask is None and groups > 1,
         )
 
     def _forward_sbhd(
@@ -129,85 +140,95 @@ class PackedCausalAttention(MegatronModule):
         params: PackedSeqParams,
         dropout_p: float,
     ) -> torch.Tensor:
-        """Causal attention inside each packed sequence; padding between sequences outputs zeros."""
+        """Causal attention inside each packed sequence."""
         if query.dim() == 4:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
+        bounds = sequence_bounds(params)
         if self.cp_group.size() > 1:
-            return self._forward_thd_cp(query, key, value, params, dropout_p)
-        cu_q = params.cu_seqlens_q
-        cu_kv = params.cu_seqlens_kv if params.cu_seqlens_kv is not None else cu_q
-        if not torch.equal(cu_q.cpu(), cu_kv.cpu()):
-            raise ValueError("self-attention needs cu_seqlens_kv equal to cu_seqlens_q")
-        lengths = (cu_q[1:] - cu_q[:-1]).tolist()
-        padded = params.cu_seqlens_q_padded
-        starts = (padded if padded is not None else cu_q)[:-1].tolist()
+            keys = _GatherContextParallel.apply(key, self.cp_group)
+            values = _GatherContextParallel.apply(value, self.cp_group)
+            return self.attend_context_parallel(
+                query, keys, values, bounds, self.cp_group.size(), self.cp_group.rank(), dropout_p
+            )
         total = query.shape[0]
-        if padded is None and sum(lengths) != total:
+        if bounds[-1] != total:
             raise ValueError(
-                f"cu_seqlens_q covers {sum(lengths)} tokens but the packed input holds {total}"
+                f"cu_seqlens_q covers {bounds[-1]} tokens but the packed input holds {total}"
             )
         out = query.new_zeros(total, self.num_heads_per_partition, self.head_dim)
-        for start, length in zip(starts, lengths, strict=True):
-            if length == 0:
+        for start, end in pairwise(bounds):
+            if end == start:
                 continue
-            span = slice(start, start + length)
-            q, k, v = (x[span].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
-            out[span] = self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1)
+            q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
+            out[start:end] = self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1)
         return out.reshape(total, -1)
 
-    def _forward_thd_cp(
+    def attend_context_parallel(
         self,
         query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        params: PackedSeqParams,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        bounds: tuple[int, ...],
+        cp: int,
+        rank: int,
         dropout_p: float,
     ) -> torch.Tensor:
-        """This CP rank's queries against every rank's keys, causal by global position."""
-        cp, rank = self.cp_group.size(), self.cp_group.rank()
-        cu = params.cu_seqlens_q.to("cpu", torch.int64)
+        """CP rank `rank`'s queries [local, np, hn] against the keys and values of all CP
+        ranks ([cp·local, ng, hn], rank by rank, as all-gathered), causal by global position."""
         local = query.shape[0]
-        if int(cu[-1]) != local * cp:
+        if bounds[-1] != local * cp:
             raise ValueError(
-                f"cu_seqlens_q ends at {int(cu[-1])} but {cp} CP ranks hold {local} tokens each"
+                f"cu_seqlens_q ends at {bounds[-1]} but {cp} CP ranks hold {local} tokens each"
             )
-        order = zigzag_order(cu, cp).to(query.device)
-        keys = _GatherContextParallel.apply(key, self.cp_group)[order]
-        values = _GatherContextParallel.apply(value, self.cp_group)[order]
         out = query.new_zeros(local, self.num_heads_per_partition, self.head_dim)
-        for start, end in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        for start, end in pairwise(bounds):
             chunk = (end - start) // (2 * cp)
             if chunk == 0:
                 continue
-            lo = start // cp
-            span = slice(lo, lo + 2 * chunk)
-            within = torch.arange(2 * chunk, device=query.device)
-            q_pos = torch.where(
-                within < chunk,
-                rank * chunk + within,
-                (2 * cp - 1 - rank) * chunk + within - chunk,
-            )
-            k_pos = torch.arange(end - start, device=query.device)
-            mask = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
-            q = query[span].transpose(0, 1).unsqueeze(0)
-            k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (keys, values))
-            out[span] = self._attend(q, k, v, dropout_p, mask).squeeze(0).transpose(0, 1)
+            rows = chunk_rows(start, end, cp, local)
+            for half, part in enumerate((rank, 2 * cp - 1 - rank)):
+                at = start // cp + half * chunk
+                q = query[at : at + chunk].transpose(0, 1).unsqueeze(0)
+                k, v = (
+                    torch.cat([x[r : r + chunk] for r in rows[: part + 1]])
+                    .transpose(0, 1)
+                    .unsqueeze(0)
+                    for x in (keys, values)
+                )
+                mask = torch.ones(
+                    chunk, (part + 1) * chunk, dtype=torch.bool, device=query.device
+                ).tril(part * chunk)
+                attended = self._attend(q, k, v, dropout_p, mask)
+                out[at : at + chunk] = attended.squeeze(0).transpose(0, 1)
         return out.reshape(local, -1)
 
 
-def zigzag_order(cu_seqlens: torch.Tensor, cp: int) -> torch.Tensor:
-    """For each token of the full packed sequences (in order), its row in the CP all-gather:
-    rank r's local tokens follow rank r-1's, and rank r holds chunks r and 2cp-1-r of every
-    sequence (each sequence padded to a multiple of 2cp)."""
-    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
-    pos = torch.arange(int(cu_seqlens[-1])) - cu_seqlens[seq]
-    chunk = lengths[seq] // (2 * cp)
-    part, offset = pos // chunk, pos % chunk
-    first_half = part < cp
-    owner = torch.where(first_half, part, 2 * cp - 1 - part)
-    local_total = int(cu_seqlens[-1]) // cp
-    return owner * local_total + cu_seqlens[seq] // cp + torch.where(first_half, 0, chunk) + offset
+def sequence_bounds(params: PackedSeqParams) -> tuple[int, ...]:
+    """The packed sequences' boundaries as Python ints (`ThdParams.bounds`)."""
+    bounds = getattr(params, "bounds", ())
+    if not bounds:
+        raise ValueError(
+            "PackedCausalAttention needs the sequence boundaries as Python ints: pass "
+            "slime_hydra.data.packing.thd_params(...) (a PackedSeqParams with `bounds`)"
+        )
+    if params.cu_seqlens_q_padded is not None or params.cu_seqlens_kv is not params.cu_seqlens_q:
+        raise ValueError(
+            "PackedCausalAttention is self-attention over unpadded cu_seqlens: cu_seqlens_kv "
+            "must be cu_seqlens_q and cu_seqlens_q_padded unset"
+        )
+    return bounds
+
+
+def chunk_rows(start: int, end: int, cp: int, local: int) -> list[int]:
+    """For a sequence at [start, end) of the full packed input (its length a multiple of 2cp),
+    the all-gather row where each of its 2cp chunks begins: chunk c is on CP rank c (c < cp)
+    or 2cp-1-c, whose `local` rows hold chunks r then 2cp-1-r of every sequence in order."""
+    chunk = (end - start) // (2 * cp)
+    first = start // cp
+    return [
+        (c * local + first) if c < cp else ((2 * cp - 1 - c) * local + first + chunk)
+        for c in range(2 * cp)
+    ]
 
 
 class _GatherContextParallel(torch.autograd.Function):

@@ -127,6 +127,8 @@ def save(
     counters: Mapping[str, int] | None = None,
 ) -> None:
     """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`)."""
+    from slime_hydra.train.optimizer import checkpoint_state
+
     path = rank_file(run_dir, steps_done, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     weights = model.state_dict()
@@ -141,7 +143,7 @@ def save(
         "schedule": digest,
         "counters": dict(counters or {}),
         "model": weights,
-        "optimizer": plain(optimizer.state_dict(), (), dropped),
+        "optimizer": plain(checkpoint_state(optimizer), (), dropped),
         "torch_rng": torch.get_rng_state(),
         "python_rng": random.getstate(),
         "dropped": [list(p) for p in dropped],

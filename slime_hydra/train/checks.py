@@ -24,15 +24,18 @@ def check_world_size(layout: ParallelLayout, world_size: int, source: str) -> No
         )
 
 
-def check_cpu_layout(layout: ParallelLayout) -> None:
-    """trainer=cpu runs every layout but sequence parallelism: megatron's local layers gather
-    and scatter its activations through CUDA-only buffers."""
-    if layout.sequence_parallel:
+def check_sequence_parallel(layout: ParallelLayout, transformer_engine: bool) -> None:
+    """Sequence parallelism needs Transformer Engine's layers: megatron-core's local layers,
+    which trainer=cpu and a GPU without TE build, refuse it (their torch norm asserts
+    sequence_parallel=false, megatron/core/transformer/torch_norm.py)."""
+    if layout.sequence_parallel and not transformer_engine:
         raise SlimeHydraError(
-            "parallel.sequence_parallel=true needs trainer=gpu: megatron-core's local layers, "
-            "which trainer=cpu builds, gather sequence-parallel activations in CUDA buffers. "
-            "Set parallel.sequence_parallel=false (the math is the same), or use trainer=plan "
-            "to simulate this layout."
+            "parallel.sequence_parallel=true needs Transformer Engine's layers, and this run "
+            "would build megatron-core's local ones (trainer=cpu always does; trainer=gpu does "
+            "where transformer_engine cannot be imported), whose torch RMSNorm/LayerNorm refuses "
+            "sequence parallelism. Set parallel.sequence_parallel=false (the same math, with "
+            "activations replicated over the TP ranks instead of split), use trainer=gpu on "
+            "machines with transformer_engine installed, or trainer=plan to simulate this layout."
         )
 
 

@@ -15,9 +15,11 @@ micro-batch grouping and any layout.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,8 +36,13 @@ from slime_hydra.data.packing import PackedMicrobatch
 from slime_hydra.schedule import ParallelLayout
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
-from slime_hydra.train.model import Device, build_model_chunks
-from slime_hydra.train.optimizer import OptimizerSettings, build_optimizer
+from slime_hydra.train.model import Device, build_model_chunks, seq_params_device
+from slime_hydra.train.optimizer import (
+    OptimizerSettings,
+    build_optimizer,
+    grad_scaler,
+    optimizer_step,
+)
 
 
 @dataclass(frozen=True)
@@ -51,11 +58,20 @@ class StepResult:
     approx_kl: float
     skipped: bool = False
     """The optimizer did not update: a non-finite gradient, or an fp16 loss-scale overflow."""
+    overflow: bool = False
+    """Skipped by fp16 dynamic loss scaling while the scale could still come down (the loss
+    finite): expected in the first steps, as megatron lowers the scale from 2**32."""
+    loss_scale: float | None = None
+    """The fp16 loss scale this step's backward ran with; None without loss scaling."""
     max_memory_gib: float | None = None
     """Peak CUDA memory allocated during the step, the largest over all ranks (GPU only)."""
+    max_memory_reserved_gib: float | None = None
+    """Peak CUDA memory the caching allocator held during the step (allocated, cached and
+    fragmented), the largest over all ranks (GPU only)."""
 
     def metrics(self) -> dict[str, float]:
-        """DESIGN.md's train/* metrics, the PPO diagnostics, and perf/max_memory_gib on GPU."""
+        """DESIGN.md's train/* metrics, the PPO diagnostics, train/loss_scale under fp16, and
+        perf/max_memory_gib and perf/max_memory_reserved_gib on GPU."""
         metrics = {
             "train/loss": self.loss,
             "train/grad_norm": self.grad_norm,
@@ -63,9 +79,25 @@ class StepResult:
             "train/clipfrac": self.clipfrac,
             "train/approx_kl": self.approx_kl,
         }
+        if self.loss_scale is not None:
+            metrics["train/loss_scale"] = self.loss_scale
         if self.max_memory_gib is not None:
             metrics["perf/max_memory_gib"] = self.max_memory_gib
+        if self.max_memory_reserved_gib is not None:
+            metrics["perf/max_memory_reserved_gib"] = self.max_memory_reserved_gib
         return metrics
+
+
+def loss_scale_overflow(
+    scaler: Any | None, scale: float | None, updated: bool, loss: float
+) -> bool:
+    """Whether a step was skipped by dynamic loss scaling that can still lower the scale (above
+    megatron's min_scale; a ConstantGradScaler cannot): an fp16 overflow, not a diverged
+    model, so long as the loss itself is finite."""
+    min_scale = getattr(scaler, "min_scale", None)
+    if updated or min_scale is None or scale is None or not math.isfinite(loss):
+        return False
+    return scale > float(min_scale)
 
 
 @dataclass(frozen=True)
@@ -120,7 +152,7 @@ def forward_step(
         batch["tokens"],
         batch["position_ids"],
         None,
-        packed_seq_params=mb.packed_seq_params(device),
+        packed_seq_params=mb.packed_seq_params(seq_params_device(device)),
     )
     return output, partial(loss, batch)
 
@@ -167,6 +199,7 @@ class MegatronEngine:
         self.optimizer, self.scheduler = build_optimizer(
             self.chunks, optimizer, device, params_dtype, use_distributed_optimizer
         )
+        self.grad_scaler = grad_scaler(self.optimizer)
         if device == "cuda":
             config.grad_scale_func = self.optimizer.scale_loss
         self.step_fn = partial(forward_step, loss, device)
@@ -209,13 +242,19 @@ class MegatronEngine:
         dist.all_reduce(finite, op=dist.ReduceOp.MIN)
         return bool(finite.item())
 
-    def peak_memory_gib(self) -> float | None:
-        """The step's peak CUDA memory, the largest over all ranks; None on CPU."""
+    def peak_memory_gib(self) -> tuple[float | None, float | None]:
+        """The step's peak CUDA memory (allocated, reserved), each the largest over all ranks;
+        None on CPU."""
         if self.device != "cuda":
-            return None
-        peak = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device=self.device)
+            return None, None
+        peak = torch.tensor(
+            [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()],
+            dtype=torch.float64,
+            device=self.device,
+        )
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        return float(peak.item())
+        allocated, reserved = (peak / 2**30).tolist()
+        return allocated, reserved
 
     def train_step(self, microbatches: MicrobatchIterator) -> StepResult:
         """One optimizer step over this rank's micro-batches of the step."""
@@ -225,10 +264,10 @@ class MegatronEngine:
         # The scheduler sets lr and weight decay × wd_mult in every group (again after a
         # checkpoint load restored the saved ones).
         self.scheduler.step(1)
-        updated, grad_norm = False, None
-        if self.gradients_finite():
-            updated, grad_norm, _ = self.optimizer.step()
+        scale = None if self.grad_scaler is None else float(self.grad_scaler.scale.item())
+        updated, grad_norm = optimizer_step(self.optimizer, self.gradients_finite)
         tokens = max(tokens, 1.0)
+        allocated, reserved = self.peak_memory_gib()
         return StepResult(
             loss=loss / tokens,
             grad_norm=float("nan") if grad_norm is None else float(grad_norm),
@@ -236,5 +275,8 @@ class MegatronEngine:
             clipfrac=clipfrac / tokens,
             approx_kl=approx_kl / tokens,
             skipped=not updated,
-            max_memory_gib=self.peak_memory_gib(),
+            overflow=loss_scale_overflow(self.grad_scaler, scale, updated, loss),
+            loss_scale=scale,
+            max_memory_gib=allocated,
+            max_memory_reserved_gib=reserved,
         )

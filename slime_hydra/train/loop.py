@@ -85,7 +85,15 @@ def run_steps(
         tic = time.perf_counter()
         result = engine.train_step(microbatches(job, index))
         step_s = time.perf_counter() - tic
-        if step_skipped(result, step, trainer.skip_nonfinite, job):
+        if result.overflow:
+            counters["skipped_steps"] += 1
+            log.info(
+                "step %d: fp16 loss-scale overflow at scale %g: the optimizer skipped the step "
+                "and lowers the scale",
+                step,
+                result.loss_scale,
+            )
+        elif step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
         if sink is not None:
             tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)

@@ -51,6 +51,21 @@ def has_transformer_engine() -> bool:
     return gpt_layer_specs.HAVE_TE
 
 
+def uses_transformer_engine(device: Device) -> bool:
+    """Whether the model on `device` is built of Transformer Engine layers (CUDA, TE there)."""
+    return device == "cuda" and has_transformer_engine()
+
+
+def seq_params_device(device: Device) -> Device | None:
+    """Where the layers want cu_seqlens: on the GPU for TE's kernels; on the host (None) for
+    megatron's local layers, whose unfused RoPE and our attention read them as numbers."""
+    return device if uses_transformer_engine(device) else None
+
+
+def keep_weight(weight: torch.Tensor) -> None:
+    """megatron's init method for every weight: draw nothing, `init_weights` draws each once."""
+
+
 def transformer_config(
     dims: ModelDims,
     device: Device = "cpu",
@@ -66,7 +81,7 @@ def transformer_config(
     gradient shapes when the previous and next stage are the same rank (pp=2; NVIDIA/Megatron-LM
     #1450): overlapped, unbatched p2p avoids it (and megatron refuses it without VPP).
     """
-    fused = device == "cuda" and has_transformer_engine()
+    fused = uses_transformer_engine(device)
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     vpp = parallel_state.get_virtual_pipeline_model_parallel_world_size()
     interleaved = vpp is not None and vpp > 1
@@ -99,6 +114,13 @@ def transformer_config(
         bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16,
         use_cpu_initialization=True,
+        # `init_weights` draws every matrix; megatron drawing them first as well would double
+        # the build time (minutes of one CPU thread for 1.5B parameters). Not
+        # perform_initialization=False: megatron then leaves biases unset and weights without
+        # their tensor-parallel attributes.
+        init_method=keep_weight,
+        output_layer_init_method=keep_weight,
+        embedding_init_method=keep_weight,
         # The fused kernels below come with Transformer Engine (or apex); without them megatron
         # must take its plain torch paths.
         bias_activation_fusion=fused and dims.swiglu,
@@ -116,7 +138,7 @@ def transformer_config(
 def layer_spec(dims: ModelDims, device: Device = "cpu") -> ModuleSpec:
     """Transformer Engine layers on CUDA where TE is installed; otherwise megatron's local layers
     with our packed causal attention (plain torch SDPA per packed sequence, any device)."""
-    if device == "cuda" and has_transformer_engine():
+    if uses_transformer_engine(device):
         # TE's fused norm+linear layers read RMSNorm/LayerNorm from config.normalization.
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=dims.normalization)
@@ -141,8 +163,9 @@ def init_weights(chunks: list[GPTModel], dims: ModelDims, seed: int, std: float 
     this rank's TP shard: the same model for any tp/pp/vpp split and on CPU or GPU.
 
     Megatron's own initialisation draws in construction order, so each pipeline stage would
-    draw different weights; this keeps its distributions (normal(0, std), output projections
-    scaled by 1/sqrt(2·layers); norms and biases as built). Padded vocabulary rows are zero.
+    draw different weights; its init methods are `keep_weight` here, and this keeps its
+    distributions (normal(0, std), output projections scaled by 1/sqrt(2·layers); norms and
+    biases as built). Padded vocabulary rows are zero.
     """
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()

@@ -11,6 +11,7 @@ megatron's `OptimizerParamScheduler` sets lr and weight decay × wd_mult in ever
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,44 @@ def grad_norm(params: list[torch.Tensor]) -> float:
             square += p.grad.double().pow(2).sum()
     dist.all_reduce(square, group=parallel_state.get_model_parallel_group())
     return float(square.sqrt())
+
+
+def grad_scaler(optimizer: Any) -> Any | None:
+    """The loss scaler of megatron's optimizer (megatron builds a DynamicGradScaler for fp16
+    only), looked up through its ChainedOptimizer; None for bf16, fp32 and the CPU AdamW."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        scaler = getattr(inner, "grad_scaler", None)
+        if scaler is not None:
+            return scaler
+    return None
+
+
+def optimizer_step(optimizer: Any, gradients_finite: Callable[[], bool]) -> tuple[bool, Any]:
+    """Apply one update: (applied, global grad norm or None).
+
+    With a loss scaler (fp16), megatron's `step()` itself unscales the gradients, finds an
+    overflow on any rank, lowers the loss scale and skips the update, so it must run every
+    step: skipping it on an overflow would keep the scale (2**32 at first) overflowing forever.
+    Without one, the update runs only when every rank's reduced gradients are finite.
+    """
+    if grad_scaler(optimizer) is None and not gradients_finite():
+        return False, None
+    updated, grad_norm, _ = optimizer.step()
+    return updated, grad_norm
+
+
+def checkpoint_state(optimizer: Any) -> Any:
+    """What a checkpoint keeps of the optimizer: its state_dict(), or nothing for megatron's
+    DistributedOptimizer. Its Adam moments are DP shards outside state_dict(), which these
+    checkpoints do not save (a resume with it is refused), and megatron-core 0.16.1's
+    state_dict() without TE or apex asserts one common Adam step over states torch creates in
+    the first applied step, so it fails in a checkpoint saved before any (all steps skipped)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    if any(isinstance(inner, DistributedOptimizer) for inner in inners):
+        return {}
+    return optimizer.state_dict()
 
 
 def build_optimizer(

@@ -16,11 +16,11 @@ from slime_hydra.data.tokens import synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checks import check_model_source
 from slime_hydra.train.checks import (
-    check_cpu_layout,
     check_gpu_count,
     check_knobs,
     check_model_split,
     check_rollout_fits,
+    check_sequence_parallel,
     check_steps,
     check_trainable,
     check_vpp,
@@ -134,7 +134,7 @@ class CpuTrainer:
     def check_layout(self, job: Job) -> None:
         """What megatron's local layers on CPU cannot run (checked first, before the world
         size)."""
-        check_cpu_layout(job.layout)
+        check_sequence_parallel(job.layout, transformer_engine=False)
 
     def run(self, job: Job) -> None:
         """Give the rollout tokens, then train in torchrun's workers or start our own (the app
@@ -168,15 +168,19 @@ class GpuTrainer(CpuTrainer):
     device: ClassVar[str] = "cuda"
 
     def check_layout(self, job: Job) -> None:
-        """CUDA must be there, with a GPU per local rank (checked first, before the world size)."""
+        """What the layers this machine builds cannot run, then CUDA with a GPU per local rank
+        (checked first, before the world size)."""
         import torch
 
+        from slime_hydra.train.model import has_transformer_engine
+
+        check_sequence_parallel(job.layout, has_transformer_engine())
         if not torch.cuda.is_available():
             layout = job.layout
             raise SlimeHydraError(
                 f"trainer=gpu needs {layout.world_size} CUDA GPUs (parallel.dp×tp×pp×cp = "
-                f"{layout.dp}×{layout.tp}×{layout.pp}×{layout.cp}) with NCCL and Transformer "
-                "Engine, and this machine has none. trainer=plan simulates this layout's "
+                f"{layout.dp}×{layout.tp}×{layout.pp}×{layout.cp}) with NCCL, and this machine has "
+                "none. trainer=plan simulates this layout's "
                 "schedule on CPU; trainer=cpu trains the tiny model on CPU ranks."
             )
         env = torchrun_env()

@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
-from megatron.core.packed_seq_params import PackedSeqParams
 
 from slime_hydra.data.iterator import MicrobatchIterator
+from slime_hydra.data.packing import thd_params
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
@@ -43,14 +43,7 @@ def packed_logits(chunks: list[torch.nn.Module], vocab: int) -> torch.Tensor | N
     order (p2p between PP ranks), gathered over TP; None on ranks without the last stage."""
     tokens = torch.tensor([[t for s in SEQUENCES for t in s]])
     positions = torch.tensor([[p for s in SEQUENCES for p in range(len(s))]])
-    cu = torch.tensor([0, len(SEQUENCES[0]), len(tokens[0])], dtype=torch.int32)
-    params = PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        max_seqlen_q=max(map(len, SEQUENCES)),
-        max_seqlen_kv=max(map(len, SEQUENCES)),
-    )
+    params = thd_params([0, len(SEQUENCES[0]), len(tokens[0])])
     pp = parallel_state.get_pipeline_model_parallel_world_size()
     me = parallel_state.get_pipeline_model_parallel_rank()
     group = parallel_state.get_pipeline_model_parallel_group()

@@ -7,14 +7,15 @@ Rank 0 writes the full-vocab logits and the checks' raw values to OUT (torch.sav
 from __future__ import annotations
 
 import sys
+from itertools import accumulate
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.packed_seq_params import PackedSeqParams
 from omegaconf import OmegaConf
 
+from slime_hydra.data.packing import ThdParams, thd_params
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.loss import policy_loss
@@ -24,18 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [5, 9, 3]
 
 
-def packed_inputs(tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, PackedSeqParams]:
-    """input_ids [1, T], position_ids [1, T] (restarting per sequence) and THD PackedSeqParams."""
-    lengths = torch.tensor([len(t) for t in tokens])
-    cu = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
-    max_len = int(lengths.max())
-    params = PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=cu,
-        cu_seqlens_kv=cu,
-        max_seqlen_q=max_len,
-        max_seqlen_kv=max_len,
-    )
+def packed_inputs(tokens: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, ThdParams]:
+    """input_ids [1, T], position_ids [1, T] (restarting per sequence) and THD params."""
+    params = thd_params([0, *accumulate(len(t) for t in tokens)])
     positions = torch.cat([torch.arange(len(t)) for t in tokens]).unsqueeze(0)
     return torch.cat(tokens).unsqueeze(0), positions, params
 

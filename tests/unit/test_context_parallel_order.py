@@ -1,23 +1,24 @@
-"""The CP attention's reassembly: `zigzag_order` puts every CP rank's packed tokens back in
-sequence order, the inverse of the packer's zig-zag split."""
+"""The CP attention's reassembly: `chunk_rows` finds every chunk of every sequence in the CP
+all-gather, the inverse of the packer's zig-zag split."""
 
 from __future__ import annotations
 
-import numpy as np
+from itertools import pairwise
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.data.packing import pack_microbatch
-from slime_hydra.train.attention import zigzag_order
+from slime_hydra.train.attention import chunk_rows
 from tests.rollouts import random_tokens
 
 
 def test_two_sequences_over_two_ranks_by_hand() -> None:
     # Lengths 4 and 8, cp=2: chunks of 1 and 2 tokens. Rank 0 holds s0[0], s0[3], s1[0:2],
     # s1[6:8] (gathered rows 0-5); rank 1 holds s0[1:3], s1[2:6] (rows 6-11).
-    order = zigzag_order(torch.tensor([0, 4, 12]), cp=2)
-    assert order.tolist() == [0, 6, 7, 1, 2, 3, 8, 9, 10, 11, 4, 5]
+    assert chunk_rows(0, 4, cp=2, local=6) == [0, 6, 7, 1]
+    assert chunk_rows(4, 12, cp=2, local=6) == [2, 8, 10, 4]
 
 
 @settings(max_examples=60, deadline=None)
@@ -27,7 +28,7 @@ def test_two_sequences_over_two_ranks_by_hand() -> None:
     cp=st.sampled_from([2, 3, 4]),
     pad_multiple=st.sampled_from([2, 8, 24]),
 )
-def test_gathering_the_ranks_in_that_order_gives_each_sequence_in_order(
+def test_the_chunks_at_those_rows_give_each_sequence_in_order(
     seed: int, n: int, cp: int, pad_multiple: int
 ) -> None:
     data = random_tokens(seed, n, 40)
@@ -35,9 +36,11 @@ def test_gathering_the_ranks_in_that_order_gives_each_sequence_in_order(
         pack_microbatch(data, range(n), pad_multiple=pad_multiple, cp_size=cp, cp_rank=r)
         for r in range(cp)
     ]
-    cu = ranks[0].cu_seqlens.long()
+    cu = ranks[0].cu_seqlens.tolist()
+    local = ranks[0].position_ids.shape[1]
     gathered = torch.cat([mb.position_ids[0] for mb in ranks])
-    positions = gathered[zigzag_order(cu, cp)]
-    spans = np.diff(cu.numpy())
-    want = torch.cat([torch.arange(s) for s in spans[:n]])
-    assert torch.equal(positions[: int(cu[n])], want)
+    for start, end in pairwise(cu[: n + 1]):
+        chunk = (end - start) // (2 * cp)
+        rows = chunk_rows(start, end, cp, local)
+        positions = torch.cat([gathered[r : r + chunk] for r in rows])
+        assert torch.equal(positions, torch.arange(end - start))

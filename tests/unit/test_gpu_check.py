@@ -143,6 +143,7 @@ def rows():
             "batch/cap_violations": 1,
             "train/loss": 0.4,
             "perf/max_memory_gib": 12.5,
+            "perf/max_memory_reserved_gib": 14.0,
         },
         {
             "step": 3,
@@ -165,7 +166,13 @@ def test_summarize_run_by_hand():
     assert out["step_s"] == pytest.approx(4.0)
     assert out["tokens_per_s"] == pytest.approx(1400 / 8)
     assert out["num_microbatches"] == pytest.approx(2.0)
-    assert out["max_memory_gib"] == 12.5
+    # Memory is step 2's (Adam's moments exist), not the largest of all steps.
+    assert out["memory"] == {
+        "step": 2,
+        "allocated_gib": 12.5,
+        "reserved_gib": 14.0,
+        "mb_tokens_max": 400,
+    }
     assert out["mb_tokens_max"] == 400
     assert out["cap_violations"] == 1
     # FLOPs 1e12 per token: steps 2 and 3 hold 700 tokens each → 1.4e15 in 8 s.
@@ -179,8 +186,16 @@ def test_summarize_run_single_step_and_missing_memory():
     out = gc.summarize_run(one, None, (1, 0))
     assert out["timed_steps"] == [1]
     assert out["tokens_per_s"] == pytest.approx(30.0)
-    assert out["max_memory_gib"] is None
+    assert out["memory"] is None  # no step 2
     assert "mfu" not in out
+
+
+def test_memory_is_read_at_step_2_only():
+    first = [{**rows()[0], "perf/max_memory_gib": 99.0}]
+    assert gc.memory_at(first) is None  # step 1: before Adam's moments exist
+    assert gc.memory_at(rows())["allocated_gib"] == 12.5
+    no_gpu = [{k: v for k, v in r.items() if not k.startswith("perf/max_memory")} for r in rows()]
+    assert gc.memory_at(no_gpu) is None
 
 
 # --- the safe fixed micro-batch size ---------------------------------------------------------
@@ -233,6 +248,7 @@ def test_loss_runs_differ_only_in_trainer_and_dtype():
         "parallel.dp=1",
         "model=tiny",
         "seed=1234",
+        "trainer.lr=0.0001",  # the trainers' default lr differ (1e-3 CPU, 1e-6 GPU)
         "trainer.max_steps=2",
         "logger=jsonl",
         "data.num_prompts=8",
@@ -240,6 +256,18 @@ def test_loss_runs_differ_only_in_trainer_and_dtype():
     ):
         assert needed in cpu.overrides
     assert gpu.stop_after_rows is None  # the tiny runs finish and checkpoint on CUDA
+
+
+def test_loss_runs_train_the_model_on_rollout_log_probs(compose_cfg):
+    """The loss depends on the model only if the ratio is not 1: the lengths-only rollout gets
+    synthesized tokens, which carry the noise model's log-probs (trainer.with_tokens)."""
+    from slime_hydra.data.synthetic import SyntheticGRPO
+    from slime_hydra.train.trainer import with_tokens
+
+    rollout = SyntheticGRPO(**gc.LOSS_DATA).load()
+    assert rollout.tokens is None
+    tokens = with_tokens(rollout, gc.load_dims("tiny").vocab_size, gc.SEED).tokens
+    assert tokens.old_logprobs is not None and (tokens.old_logprobs < 0).all()
 
 
 def test_throughput_runs():
@@ -275,10 +303,10 @@ def test_throughput_runs():
         "batching.max_tokens_per_gpu=8192",
         "trainer.max_steps=4",
     ]
-    assert (dyn.stop_after_rows, fixed.stop_after_rows, mem.stop_after_rows) == (4, 4, 1)
+    assert (dyn.stop_after_rows, fixed.stop_after_rows, mem.stop_after_rows) == (4, 4, 2)
     assert mem.group == "memory" and mem.cap == 32768
     assert "batching.max_tokens_per_gpu=32768" in mem.overrides
-    assert "trainer.max_steps=1" in mem.overrides
+    assert "trainer.max_steps=2" in mem.overrides  # memory is read at step 2
 
 
 def test_overrides_compose(compose_cfg):
@@ -315,18 +343,47 @@ def test_compare_losses():
         {"step": 2, "train/loss": 0.2000001, "train/grad_norm": 2.0},
     ]
     cpu = [
-        {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.0005},
-        {"step": 2, "train/loss": 0.2, "train/grad_norm": 3.0},
+        {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.00005},
+        {"step": 2, "train/loss": 0.2, "train/grad_norm": 2.0},
     ]
     out = gc.compare_losses(gpu, cpu)
     assert out["passed"]
     assert out["steps"][1]["loss_rel_diff"] == pytest.approx(5e-7)
-    assert out["steps"][0]["grad_norm_match"] and not out["steps"][1]["grad_norm_match"]
-    assert not gc.compare_losses(gpu, [{**cpu[0], "train/loss": 0.31}, cpu[1]])["passed"]
+    assert out["steps"][0]["grad_norm_rel_diff"] == pytest.approx(5e-5 / 1.00005)
+    # A planted difference fails the check: a grad norm 1e-3 off at step 2, a loss 3% off.
+    planted = [gpu[0], {**gpu[1], "train/grad_norm": 2.002}]
+    out = gc.compare_losses(planted, cpu)
+    assert not out["passed"] and not out["steps"][1]["grad_norm_ok"] and out["steps"][1]["loss_ok"]
+    assert not gc.compare_losses(gpu, [{**cpu[0], "train/loss": 0.309}, cpu[1]])["passed"]
     assert not gc.compare_losses(gpu, cpu[:1])["passed"]  # step 2 missing
-    nan = [{"step": 1, "train/loss": float("nan")}, gpu[1]]
+    nan = [{"step": 1, "train/loss": float("nan"), "train/grad_norm": 1.0}, gpu[1]]
     assert not gc.compare_losses(nan, cpu)["passed"]
     assert not gc.compare_losses([], [])["passed"]
+
+
+def test_fp16_summary_by_hand():
+    def row(step, skipped, scale, loss=0.5):
+        return {"step": step, "train/skipped_steps": skipped, "train/loss_scale": scale,
+                "train/loss": loss}  # fmt: skip
+
+    # Steps 1-3 overflow (the count grows), step 4 applies at 2**30, step 5 overflows again.
+    rows_ = [row(1, 1, 2.0**32), row(2, 2, 2.0**32), row(3, 3, 2.0**31), row(4, 3, 2.0**30),
+             row(5, 4, 2.0**30)]  # fmt: skip
+    out = gc.fp16_summary(rows_)
+    assert (out["first_applied_step"], out["applied_steps"], out["skipped_steps"]) == (4, 1, 4)
+    assert out["passed"] and out["loss_scales"][3] == 2.0**30
+    never = [row(s, s, 2.0 ** (33 - s)) for s in range(1, 6)]  # the scale stuck, every skip
+    assert not gc.fp16_summary(never)["passed"]
+    assert not gc.fp16_summary([*rows_[:4], row(5, 3, 2.0**30, float("nan"))])["passed"]
+    assert not gc.fp16_summary([])["passed"]
+
+
+def test_fp16_run_trains_the_tiny_model_in_float16(compose_cfg):
+    spec = gc.fp16_run()
+    cfg = compose_cfg(*spec.overrides)
+    assert cfg.trainer.params_dtype == "float16" and cfg.model.name == "tiny"
+    assert cfg.trainer.max_steps == 30 and cfg.batching.global_batch_size == 2
+    assert cfg.data.num_prompts * cfg.data.n_samples_per_prompt >= 30 * 2  # 30 whole steps
 
 
 def test_memory_fit():
@@ -352,7 +409,10 @@ def run_record(group, cap, status="ok", rows_=None, schedule=None):
 def test_assemble_results():
     doc = schedule_doc()
     doc["steps"].append({"step": 3, "num_microbatches": 1, "ranks": [[[2, 3]]]})
-    loss_rows = [{"step": 1, "train/loss": 0.3}, {"step": 2, "train/loss": 0.2}]
+    loss_rows = [
+        {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.0},
+        {"step": 2, "train/loss": 0.2, "train/grad_norm": 0.9},
+    ]
     slow = [
         {**r, "perf/tokens_per_s": r["perf/tokens_per_s"] / 2, "perf/step_s": r["perf/step_s"] * 2}
         for r in rows()
@@ -366,7 +426,10 @@ def test_assemble_results():
         "dynamic_cap4096": run_record(
             "memory",
             4096,
-            rows_=[{**rows()[0], "batch/mb_tokens_max": 100, "perf/max_memory_gib": 9.0}],
+            rows_=[
+                rows()[0],
+                {**rows()[1], "batch/mb_tokens_max": 100, "perf/max_memory_gib": 9.0},
+            ],
         ),
     }
     probe = {
@@ -393,8 +456,9 @@ def test_assemble_results():
     assert out["throughput"]["safe_micro_batch_size"] == 2
     mem = out["memory"]["runs"]
     assert [m["max_tokens_per_gpu"] for m in mem] == [4096, 8192, 8192, 32768]
-    assert mem[-1]["status"] == "oom" and mem[-1]["max_memory_gib"] is None
-    # Dynamic points: (100 tokens, 9 GiB) and (400, 12.5): 3.5 GiB per 300 tokens.
+    assert mem[-1]["status"] == "oom" and mem[-1]["allocated_gib"] is None
+    assert mem[0]["step"] == 2 and mem[0]["reserved_gib"] == 14.0
+    # Dynamic points at step 2: (100 tokens, 9 GiB) and (400, 12.5): 3.5 GiB per 300 tokens.
     assert out["memory"]["fit"]["gib_per_1k_tokens"] == pytest.approx(3.5 / 0.3)
     assert out["memory"]["card_gib"] == 139.8
     assert out["memory"]["tokens_fitting_card"] > 400
@@ -488,3 +552,26 @@ def test_probe_dry_run_on_cpu(tmp_path):
     assert attention["bfloat16"]["other_sequences_max_abs_change"] == 0.0
     assert attention["float32"]["grad_outside_sequence_max_abs"] == 0.0
     assert result["model_parity"]["params_cpu_model"] == 558208
+
+
+@pytest.mark.integration
+def test_check_script_uses_importable_packages_without_wheels(tmp_path):
+    """gpu_check.sh with no carried wheels on a machine that has the packages (this one):
+    neither installs nor reaches a registry, and `check` writes its JSON (no part has time)."""
+    import os
+    import subprocess
+
+    env = {
+        **os.environ,
+        "GPU_WHEELS": str(tmp_path / "no_wheels"),
+        "OUT": str(tmp_path / "out"),
+        "PYTHON": sys.executable,
+    }
+    cmd = ["bash", str(REPO / "benchmarks/gpu_check.sh"), "--only", "probe", "--budget-s", "1"]
+    cmd += ["--work", str(tmp_path / "work")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "importable: using them" in proc.stdout
+    assert "pip install" not in proc.stdout
+    results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert results["probe_error"].startswith("skipped")

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.data.packing import pack_microbatch
+from slime_hydra.data.packing import pack_microbatch, thd_params
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import (
     DIGIT0_ID,
@@ -114,7 +114,8 @@ def test_padding_is_one_pseudo_sequence_out_of_the_loss():
 
 
 def test_packed_seq_params_is_thd():
-    """The PackedSeqParams built for megatron uses cu_seqlens and max_seqlen for q and kv."""
+    """The PackedSeqParams built for megatron uses cu_seqlens and max_seqlen for q and kv, and
+    carries the same boundaries as Python ints for the packed attention."""
     mb = pack_microbatch(random_tokens(1, 4, 30), [3, 1], pad_multiple=8, cp_size=2, cp_rank=1)
     p = mb.packed_seq_params()
     assert p.qkv_format == "thd"
@@ -122,6 +123,14 @@ def test_packed_seq_params_is_thd():
         p.cu_seqlens_kv, mb.cu_seqlens
     )
     assert p.max_seqlen_q == p.max_seqlen_kv == mb.max_seqlen
+    assert p.bounds == tuple(mb.cu_seqlens.tolist()) and p.cu_seqlens_q.device.type == "cpu"
+
+
+def test_thd_params_by_hand():
+    p = thd_params([0, 5, 12, 16])
+    assert p.bounds == (0, 5, 12, 16) and p.max_seqlen_q == p.max_seqlen_kv == 7
+    assert p.cu_seqlens_q.tolist() == [0, 5, 12, 16] and p.cu_seqlens_q.dtype == torch.int32
+    assert p.cu_seqlens_kv is p.cu_seqlens_q
 
 
 def test_synthesize_tokens_copy_task():

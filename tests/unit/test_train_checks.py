@@ -22,7 +22,7 @@ from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, 
 from slime_hydra.train.checks import check_trainable, check_vpp, check_world_size
 from slime_hydra.train.job import Job
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
-from tests.hardware import needs_fewer_cuda_than
+from tests.hardware import needs_fewer_cuda_than, needs_no_transformer_engine
 
 SMALL = ("data.num_prompts=4", "data.n_samples_per_prompt=4", "batching.global_batch_size=8")
 
@@ -56,15 +56,31 @@ def test_world_size_mismatch_names_the_overrides(job_of):
         trainer.check(job)
 
 
-def test_cpu_trainer_asks_for_gpu_for_sequence_parallel_only(job_of):
-    trainer, job = job_of(
-        "parallel.sequence_parallel=true",
-        "parallel.tp=2",
-        "parallel.dp=1",
-        "trainer.nproc_per_node=2",
-    )
+SEQUENCE_PARALLEL = (
+    "parallel.sequence_parallel=true",
+    "parallel.tp=2",
+    "parallel.dp=1",
+    "trainer.nproc_per_node=2",
+)
+
+
+def test_cpu_trainer_refuses_sequence_parallel_naming_the_override(job_of):
+    trainer, job = job_of(*SEQUENCE_PARALLEL)
     with pytest.raises(
-        SlimeHydraError, match=r"parallel\.sequence_parallel=true needs trainer=gpu.*=false"
+        SlimeHydraError,
+        match=r"sequence_parallel=true needs Transformer Engine.*sequence_parallel=false",
+    ):
+        trainer.check(job)
+
+
+def test_gpu_trainer_without_transformer_engine_refuses_sequence_parallel_first(job_of):
+    # Checked before CUDA: megatron's local norm would assert in every rank at model build.
+    needs_no_transformer_engine()
+    trainer, job = job_of("trainer=gpu", *SEQUENCE_PARALLEL)
+    with pytest.raises(
+        SlimeHydraError,
+        match=r"trainer=gpu does where transformer_engine cannot be imported.*"
+        r"sequence_parallel=false",
     ):
         trainer.check(job)
 
