@@ -17,9 +17,7 @@ def group_layout(dp: int, alignment: int) -> ParallelLayout:
     caller's cap already counts it)."""
     if alignment == 1:
         return ParallelLayout(dp=dp)
-    return ParallelLayout(
-        dp=dp, pp=alignment, vpp=2, microbatch_group_size_per_vp_stage=alignment
-    )
+    return ParallelLayout(dp=dp, pp=alignment, vpp=2, microbatch_group_size_per_vp_stage=alignment)
 
 
 def plan_step(
