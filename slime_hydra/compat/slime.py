@@ -1,22 +1,27 @@
-"""slime's calls, cap-safe: swap `from slime.utils.seqlen_balancing import ...` and
-`from slime.utils.data import get_minimum_num_micro_batch_size` for this module.
+"""slime's calls, cap-safe: swap `from slime.utils.dp_schedule import build_dp_schedule` (slime
+since #1926), or `from slime.utils.seqlen_balancing import ...` and
+`from slime.utils.data import get_minimum_num_micro_batch_size` (before it), for this module.
 
 slime (before #1926) counted each DP rank's micro-batches by first fit, took the MAX over DP,
 rounded it to the VPP group (down in #1848, so below what the cap needs) and cut each rank's
 samples into that many parts by Karmarkar-Karp, which ignores the cap (#1823's fallback left
 trailing parts empty, #1838/#1860). `plan_micro_batches` plans the whole step for all ranks at
-once instead: one count, rounded up, every part within the cap and non-empty.
+once instead: one count, rounded up, every part within the cap and non-empty. #1926's
+`build_dp_schedule` packs each step by first fit and splits bins up to a multiple of dp × the
+VPP group, which asserts where splitting runs out, and its FLOPs path ignores the cap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slime_hydra.compat.partitions import get_seqlen_balanced_partitions
 from slime_hydra.compat.step import plan_step
 from slime_hydra.errors import SlimeHydraError
 
 __all__ = [
+    "build_dp_schedule",
     "get_minimum_num_micro_batch_size",
     "get_seqlen_balanced_partitions",
     "plan_micro_batches",
@@ -81,3 +86,66 @@ def plan_micro_batches(
         caller="plan_micro_batches",
     )
     return len(partitions[0]), partitions
+
+
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: Mapping[str, int],
+    total_lengths: Sequence[int],
+    *,
+    global_batch_size: int,
+    rollout_indices: Sequence[int],
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """slime's `(partitions, micro_batch_indices, num_microbatches, global_batch_sizes)` for a
+    rollout, each step planned by `plan_micro_batches`: `partitions[r]` the global sample
+    indices of rank r, step after step; `micro_batch_indices[r]` its micro-batches as positions
+    in `partitions[r]` (together they tile it); `num_microbatches[s]` the count of step s on
+    every rank; `global_batch_sizes[s]` = `global_batch_size`.
+
+    As slime: steps of `global_batch_size` rollouts (samples sharing a rollout index stay in one
+    step), trailing rollouts that fill no step dropped; the cap is args.max_tokens_per_gpu ×
+    cp_size and a sample over it sits alone. Unlike slime: the count is the planner's (a
+    multiple of the VPP group, never an assert), ranks are balanced by tokens whatever
+    args.balance_data and args.balance_by_flops say, and only dynamic batching
+    (args.use_dynamic_batch_size) is planned here.
+    """
+    if not getattr(args, "use_dynamic_batch_size", False) or args.max_tokens_per_gpu is None:
+        raise SlimeHydraError(
+            "build_dp_schedule: this drop-in plans dynamic batching only; set "
+            "--use-dynamic-batch-size and --max-tokens-per-gpu, or keep slime's own "
+            "build_dp_schedule for fixed --micro-batch-size batching."
+        )
+    members: dict[int, list[int]] = {}
+    for position, rollout in enumerate(rollout_indices):
+        members.setdefault(int(rollout), []).append(position)
+    rollouts = list(members)
+    num_steps = len(rollouts) // global_batch_size
+    if num_steps < 1:
+        raise SlimeHydraError(
+            f"build_dp_schedule: {len(rollouts)} rollouts fill no step of global_batch_size="
+            f"{global_batch_size} rollouts; lower --global-batch-size to {len(rollouts)} or less."
+        )
+    dp = train_parallel_config["dp_size"]
+    partitions: list[list[int]] = [[] for _ in range(dp)]
+    micro_batch_indices: list[list[list[int]]] = [[] for _ in range(dp)]
+    num_microbatches: list[int] = []
+    for s in range(num_steps):
+        chosen = rollouts[s * global_batch_size : (s + 1) * global_batch_size]
+        samples = [position for rollout in chosen for position in members[rollout]]
+        count, ranks = plan_micro_batches(
+            [total_lengths[i] for i in samples],
+            args.max_tokens_per_gpu,
+            cp_size=train_parallel_config["cp_size"],
+            dp_size=dp,
+            vpp_size=train_parallel_config["vpp_size"],
+            microbatch_group_size_per_vp_stage=train_parallel_config[
+                "microbatch_group_size_per_vp_stage"
+            ],
+        )
+        num_microbatches.append(count)
+        for partition, indices, rank in zip(partitions, micro_batch_indices, ranks, strict=True):
+            for mb in rank:
+                start = len(partition)
+                partition.extend(samples[j] for j in mb)
+                indices.append(list(range(start, start + len(mb))))
+    return partitions, micro_batch_indices, num_microbatches, [global_batch_size] * num_steps

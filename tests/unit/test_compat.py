@@ -5,6 +5,7 @@ sample, no empty part."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -261,3 +262,74 @@ def test_balanced_partitions_keep_the_contract(lengths: list[int], k: int, equal
     assert sorted(i for p in parts for i in p) == list(range(n))
     if equal:
         assert {len(p) for p in parts} == {n // k}
+
+
+# slime since #1926: build_dp_schedule, the rollout manager's whole-rollout call.
+
+
+def dynamic_args(max_tokens_per_gpu: int | None = 8) -> SimpleNamespace:
+    return SimpleNamespace(
+        use_dynamic_batch_size=True,
+        max_tokens_per_gpu=max_tokens_per_gpu,
+        micro_batch_size=1,
+        balance_data=False,
+        balance_by_flops=False,
+    )
+
+
+def parallel(dp: int = 2, cp: int = 1, vpp: int = 1, group: int = 1) -> dict[str, int]:
+    return {
+        "dp_size": dp,
+        "cp_size": cp,
+        "vpp_size": vpp,
+        "microbatch_group_size_per_vp_stage": group,
+    }
+
+
+def test_build_dp_schedule_keeps_slime_s_shape_and_drops_the_trailing_rollout() -> None:
+    # Rollouts 0..4 (two samples each for 0-2), two per step: steps {0, 1} and {2, 3}; rollout
+    # 4 fills no step. Step 1: four 4s under 8 → one {4, 4} per rank. Step 2: the 9 over the
+    # cap alone, {2, 2} beside it on the other rank.
+    lengths = [4, 4, 4, 4, 2, 2, 9, 3]
+    rollouts = [0, 0, 1, 1, 2, 2, 3, 4]
+    partitions, indices, counts, sizes = slime.build_dp_schedule(
+        dynamic_args(), parallel(), lengths, global_batch_size=2, rollout_indices=rollouts
+    )
+    assert counts == [1, 1] and sizes == [2, 2]
+    assert sorted(i for p in partitions for i in p) == [0, 1, 2, 3, 4, 5, 6]
+    for partition, mbs in zip(partitions, indices, strict=True):
+        assert [i for mb in mbs for i in mb] == list(range(len(partition)))
+        assert len(mbs) == sum(counts)
+        assert {partition[i] for i in mbs[0]} <= {0, 1, 2, 3}  # step 1 first
+    tokens = sorted(
+        tuple(sum(lengths[partition[i]] for i in mb) for mb in mbs)
+        for partition, mbs in zip(partitions, indices, strict=True)
+    )
+    assert tokens == [(8, 4), (8, 9)]
+
+
+def test_build_dp_schedule_rounds_each_step_to_the_vpp_group() -> None:
+    # One step of [6, 6, 6, 2] on one rank under 8 with a VPP group of 2: 3 bins → 4.
+    _, indices, counts, _ = slime.build_dp_schedule(
+        dynamic_args(),
+        parallel(dp=1, vpp=2, group=2),
+        [6, 6, 6, 2],
+        global_batch_size=4,
+        rollout_indices=[0, 1, 2, 3],
+    )
+    assert counts == [4] and indices == [[[0], [1], [2], [3]]]
+
+
+@pytest.mark.parametrize(
+    ("args", "rollouts", "message"),
+    [
+        (dynamic_args(None), [0, 1], "dynamic batching only"),
+        (SimpleNamespace(use_dynamic_batch_size=False, max_tokens_per_gpu=8), [0, 1], "only"),
+        (dynamic_args(), [0, 0], "1 rollouts fill no step of global_batch_size=2"),
+    ],
+)
+def test_build_dp_schedule_errors(args: SimpleNamespace, rollouts: list[int], message: str) -> None:
+    with pytest.raises(SlimeHydraError, match=message):
+        slime.build_dp_schedule(
+            args, parallel(), [1, 1], global_batch_size=2, rollout_indices=rollouts
+        )
