@@ -59,19 +59,20 @@ def plan_micro_batches(
     `partitions[rank][microbatch]`, indices into `step_lengths` (the whole step, all ranks).
 
     The cap is max_tokens_per_gpu × cp_size per micro-batch and is hard: a part of two or more
-    samples never exceeds it, a sample over it sits alone (as slime's first fit puts it). So the
-    count can be above ⌈Σ/cap / dp_size⌉ and above what each rank's first fit would ask for
-    alone; it is the same on every rank, a multiple of microbatch_group_size_per_vp_stage when
-    vpp_size > 1 (rounded up, never down as slime #1848 did), and no part is empty. The DP split
-    is planned here too: each rank gets the samples of its partitions, balanced by tokens.
+    samples never exceeds it, a sample over it sits alone (as slime's first fit puts it), so the
+    count can be above ⌈Σ / cap / dp_size⌉. It is the same on every rank, a multiple of
+    microbatch_group_size_per_vp_stage when vpp_size > 1 (rounded up, never down as slime #1848
+    did), and no part is empty. The DP split is planned here too: each rank gets the samples of
+    its partitions, balanced by tokens.
     """
-    if vpp_size > 1 and microbatch_group_size_per_vp_stage is None:
-        raise SlimeHydraError(
-            f"plan_micro_batches: vpp_size={vpp_size} needs microbatch_group_size_per_vp_stage "
-            "(megatron's model config holds it; its default is the pipeline size); pass it."
-        )
-    alignment = microbatch_group_size_per_vp_stage if vpp_size > 1 else 1
-    assert alignment is not None
+    alignment = 1
+    if vpp_size > 1:
+        if microbatch_group_size_per_vp_stage is None:
+            raise SlimeHydraError(
+                f"plan_micro_batches: vpp_size={vpp_size} needs microbatch_group_size_per_vp_stage "
+                "(megatron's model config holds it; its default is the pipeline size); pass it."
+            )
+        alignment = microbatch_group_size_per_vp_stage
     if cp_size < 1 or dp_size < 1 or alignment < 1:
         raise SlimeHydraError(
             f"plan_micro_batches: cp_size={cp_size}, dp_size={dp_size} and "

@@ -35,7 +35,7 @@ def plan_step(
             f"micro-batches (the VPP group); pass at least {dp * alignment} samples, or a smaller "
             "DP size or VPP group."
         )
-    if not isolate and n and max(lengths) > cap:
+    if not isolate and max(lengths) > cap:
         i = max(range(n), key=lambda j: lengths[j])
         raise SlimeHydraError(
             f"{caller}: sample {i} has {lengths[i]} tokens, over the cap of {cap}; raise the "

@@ -333,3 +333,36 @@ def test_build_dp_schedule_errors(args: SimpleNamespace, rollouts: list[int], me
         slime.build_dp_schedule(
             args, parallel(), [1, 1], global_batch_size=2, rollout_indices=rollouts
         )
+
+
+@PROPERTY
+@given(steps(oversize=True), st.integers(1, 4), st.integers(1, 3))
+def test_build_dp_schedule_keeps_slime_s_invariants(
+    case: tuple[list[int], int, int, int], per_rollout: int, steps_wanted: int
+) -> None:
+    """slime's documented invariants: one count per step on every rank, each rank's positions
+    tiled once by its micro-batches, every kept sample on one rank, no part over the cap unless
+    alone; and ours: rollouts whole, the trailing ones dropped."""
+    lengths, cap, dp, align = case
+    rollouts = [i // per_rollout for i in range(len(lengths))]
+    num_rollouts = rollouts[-1] + 1
+    gbs = max(1, num_rollouts // steps_wanted)
+    kept = {i for i, r in enumerate(rollouts) if r < num_rollouts // gbs * gbs}
+    try:
+        partitions, indices, counts, sizes = slime.build_dp_schedule(
+            dynamic_args(cap),
+            parallel(dp=dp, vpp=2, group=align),
+            lengths,
+            global_batch_size=gbs,
+            rollout_indices=rollouts,
+        )
+    except SlimeHydraError as exc:
+        assert "cannot" in str(exc)  # a step too small for dp × group parts: said
+        return
+    assert sizes == [gbs] * len(counts) and all(c % align == 0 for c in counts)
+    assert sorted(i for p in partitions for i in p) == sorted(kept)
+    for partition, mbs in zip(partitions, indices, strict=True):
+        assert [i for mb in mbs for i in mb] == list(range(len(partition)))
+        assert len(mbs) == sum(counts)
+        for mb in mbs:
+            assert mb and (len(mb) == 1 or sum(lengths[partition[i]] for i in mb) <= cap)
