@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.planner import plan_rollout
 from slime_hydra.schedule import ParallelLayout
-from slime_hydra.schedule.dynamic import Oversize
 
 
 def group_layout(dp: int, alignment: int) -> ParallelLayout:
@@ -41,7 +40,7 @@ def plan_step(
             f"{caller}: sample {i} has {lengths[i]} tokens, over the cap of {cap}; raise the "
             "cap, or drop or truncate the sample."
         )
-    oversize = Oversize.isolate if isolate else Oversize.error
+    oversize = "isolate" if isolate else "error"
     try:
         planned = plan_rollout(lengths, group_layout(dp, alignment), cap, oversize=oversize)
     except SlimeHydraError as exc:
