@@ -18,9 +18,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "errors",
         "partition",
         "schedule",  # + the pure cost model
+        "planner",  # the planning API over schedule's strategies and metrics
+        "compat",  # slime's and verl's partition calls on the planner
         "hf instantiate rundir",  # HF config.json and tokenizer reading; object building
         "data log",
-        "train report",
+        "train report dashboard",
         "config",
         "app sweep",
         "__main__",
@@ -28,7 +30,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
 )
 """Bottom to top; a module may import from its own package and from lower layers only."""
 
-PURE = ("partition", "schedule")
+PURE = ("partition", "schedule", "planner", "compat")
 HEAVY = ("torch", "hydra", "omegaconf", "megatron")
 
 
@@ -76,16 +78,40 @@ def test_the_layer_table_covers_every_package() -> None:
     assert {unit(m) for m in MODULES if m != "slime_hydra"} <= set().union(*LAYERS)
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
-def test_imports_point_down_the_layers(module: str) -> None:
-    upward = sorted(
+def upward(module: str) -> list[str]:
+    """The slime_hydra modules `module` imports from its own layer or above."""
+    return sorted(
         name
         for name, _ in imports(module)
         if name.startswith("slime_hydra.")
         and unit(name) != unit(module)
         and layer(name) >= layer(module)
     )
-    assert not upward, f"{module} (layer {unit(module)}) imports {upward}"
+
+
+def heavy(module: str) -> list[str]:
+    """The torch, Hydra, OmegaConf or megatron modules `module` imports."""
+    return sorted(name for name, _ in imports(module) if name.split(".")[0] in HEAVY)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_point_down_the_layers(module: str) -> None:
+    assert not upward(module), f"{module} (layer {unit(module)}) imports {upward(module)}"
+
+
+def test_a_planted_upward_or_heavy_import_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checks above fail on a bad import: compat reaching up into log, and into torch."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from slime_hydra.schedule import Schedule\n"
+        "from slime_hydra.log.sink import RunInfo\n"
+        "def later():\n    import torch\n"
+    )
+    monkeypatch.setitem(MODULES, "slime_hydra.compat.planted", planted)
+    assert upward("slime_hydra.compat.planted") == ["slime_hydra.log.sink"]
+    assert heavy("slime_hydra.compat.planted") == ["torch"]
 
 
 def test_no_module_imports_itself_back() -> None:
@@ -110,5 +136,4 @@ def test_no_module_imports_itself_back() -> None:
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if unit(m) in PURE))
 def test_pure_layers_import_no_torch_hydra_or_omegaconf(module: str) -> None:
-    heavy = sorted(name for name, _ in imports(module) if name.split(".")[0] in HEAVY)
-    assert not heavy, f"{module} is pure logic but imports {heavy}"
+    assert not heavy(module), f"{module} is pure logic but imports {heavy(module)}"
