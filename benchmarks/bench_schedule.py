@@ -1,10 +1,9 @@
-"""Scheduling benchmark: partitioner speed and balance, plan time, quality beside peers.
+"""Scheduling benchmark: the quality of dynamic batching beside its peers on one grid of traces.
 
-Run `python benchmarks/bench_schedule.py` (full, several minutes) or with `--quick` (a smaller
-grid and single repeats); `--parts curve quality` runs only those parts, `--repeats N` sets the
-timed repeats. Prints one table per part and a PASS/FAIL summary per target; the exit status is
-0 either way (the figures are the result). Times are the least CPU time of this process over
-the repeats (time.process_time), which other load on the machine inflates less than wall time.
+Run `python benchmarks/bench_schedule.py` (a few minutes) or with `--quick` (a smaller grid).
+Prints the table and a PASS/FAIL summary per target; the exit status is 0 either way (the
+figures are the result). Plan time and the scale curve on random families are
+benchmarks/bench_planner.py's.
 
 Peers, written from their documented algorithms (benchmarks/baselines.py): slime's current
 pack-first (first-fit, split to a multiple of dp·g, deal round-robin) and verl's
@@ -26,12 +25,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np
-from baselines import pack_first, textbook_kk, verl_rearrange
+from baselines import pack_first, verl_rearrange
 from omegaconf import OmegaConf
 
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition import capped_partition, part_sums
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
@@ -110,177 +108,6 @@ def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[objec
         print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
         if n == 0:
             print("  ".join("-" * w for w in widths))
-
-
-def bench_partition(repeats: int) -> list[Target]:
-    """capped_partition (free, cap not binding) vs textbook KK for n samples into n/64 parts."""
-    rows = []
-    targets = []
-    for n in (512, 2048, 8192):
-        lengths, _ = grpo_lengths(n, 16384, seed=n)
-        k = n // 64
-        bound = max(max(lengths), -(-sum(lengths) // k))
-        t_ours, ours = min_time(partial(capped_partition, lengths, FREE_CAP, min_parts=k), repeats)
-        t_kk, kk = min_time(partial(textbook_kk, lengths, k), repeats)
-        ours_ratio = max(part_sums(ours, lengths)) / bound
-        kk_ratio = max(part_sums(kk, lengths)) / bound
-        speedup = t_kk / t_ours
-        rows.append(
-            [
-                n,
-                k,
-                f"{t_ours * 1e3:.2f}",
-                f"{t_kk * 1e3:.2f}",
-                f"{speedup:.1f}x",
-                f"{ours_ratio:.6f}",
-                f"{kk_ratio:.6f}",
-            ]
-        )
-        if n == 8192:
-            targets.append(
-                Target(
-                    "partition n=8192 k=128 speed >= 20x textbook KK",
-                    speedup >= 20,
-                    f"{speedup:.1f}x",
-                )
-            )
-            targets.append(
-                Target(
-                    "partition n=8192 k=128 largest part <= 1.01 x bound",
-                    ours_ratio <= 1.01,
-                    f"{ours_ratio:.6f}",
-                )
-            )
-    print_table(
-        "Partitioner: capped_partition(cap=free, min_parts=k) vs textbook_kk "
-        f"(min of {repeats}; bound = max(max L, ceil(sum L / k)))",
-        ["n", "k", "ours_ms", "kk_ms", "speedup", "ours_max/bound", "kk_max/bound"],
-        rows,
-    )
-    return targets
-
-
-PLAN_TARGET_MS = {4096: 10.0, 16384: 50.0}
-
-
-def bench_planning(repeats: int) -> list[Target]:
-    """One step's plan time (CPU) on dp=32, cap 16384, beside slime's pack-first."""
-    cap = 16384
-    layouts = {
-        "pp1": ParallelLayout(dp=32),
-        "pp2vpp2g2": ParallelLayout(dp=32, pp=2, vpp=2, microbatch_group_size_per_vp_stage=2),
-    }
-    rows = []
-    targets = []
-    for n, limit in PLAN_TARGET_MS.items():
-        lengths, _ = grpo_lengths(n, cap - MAX_PROMPT_LEN, seed=7)
-        samples = list(range(n))
-        for name, layout in layouts.items():
-            align = layout.microbatch_alignment
-            t_pf, pf = min_time(
-                partial(pack_first, lengths, samples, layout.dp, cap, align), repeats
-            )
-            strategy = DynamicBatching(layout, None, cap)
-            t, ranks = min_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
-            ratio = t_pf / t
-            rows.append(
-                [
-                    n,
-                    name,
-                    f"{t * 1e3:.1f}",
-                    len(ranks[0]),
-                    f"{t_pf * 1e3:.1f}",
-                    len(pf[0]),
-                    f"{ratio:.1f}x",
-                    f"{limit:.0f}",
-                ]
-            )
-            targets.append(
-                Target(
-                    f"plan {n} samples dp=32 {name} <= {limit:.0f} ms CPU",
-                    t * 1e3 <= limit,
-                    f"{t * 1e3:.1f} ms",
-                )
-            )
-            if n == 16384:
-                targets.append(
-                    Target(
-                        f"plan {n} dp=32 {name} >= 20x faster than slime pack-first",
-                        ratio >= 20,
-                        f"{ratio:.1f}x",
-                    )
-                )
-    print_table(
-        f"Planning one step: DynamicBatching(cap={cap}, dp_split=auto) vs slime pack-first "
-        f"(CPU ms, min of {repeats})",
-        ["n", "layout", "ours_ms", "K", "pf_ms", "pf_K", "pf/ours", "target_ms"],
-        rows,
-    )
-    return targets
-
-
-CURVE_BASELINE_UP_TO = 16384  # slime pack-first is O(n × bins) pure Python: slow beyond
-
-
-def bench_curve(sizes: Sequence[int], repeats: int) -> list[Target]:
-    """Plan time from 1k to 64k samples, 256 samples per DP rank (dp256 at 65,536), beside
-    slime's pack-first up to CURVE_BASELINE_UP_TO samples."""
-    cap = 16384
-    rows = []
-    per_nlogn = {}
-    t_top = 0.0
-    for n in sizes:
-        dp = max(1, n // 256)
-        lengths, _ = grpo_lengths(n, cap - MAX_PROMPT_LEN, seed=11)
-        samples = list(range(n))
-        strategy = DynamicBatching(ParallelLayout(dp=dp), None, cap)
-        t, ranks = min_time(partial(strategy.plan_step, lengths, samples, 0), repeats)
-        per_nlogn[n] = t / (n * np.log2(n))
-        t_top = t
-        pf = "-"
-        if n <= CURVE_BASELINE_UP_TO:
-            t_pf, _ = min_time(partial(pack_first, lengths, samples, dp, cap, 1), 1)
-            pf = f"{t_pf / t:.1f}x"
-        rows.append(
-            [
-                n,
-                dp,
-                len(ranks[0]),
-                microbatch_lower_bound(lengths, cap, dp, 1),
-                f"{t * 1e3:.1f}",
-                f"{per_nlogn[n] * 1e9:.1f}",
-                pf,
-            ]
-        )
-    print_table(
-        f"Plan-time curve (cap={cap}, 256 samples per rank, CPU ms, min of {repeats}; pf/ours: "
-        "slime pack-first's CPU time over ours, one run)",
-        ["n", "dp", "K", "K_lb", "plan_ms", "ns per n·log2 n", "pf/ours"],
-        rows,
-    )
-    first, last = per_nlogn[sizes[0]], per_nlogn[sizes[-1]]
-    worst = max(per_nlogn.values())
-    targets = [
-        Target(
-            "cost grows no faster than n log n (ns per n·log2 n, largest / smallest <= 1.5)",
-            last / first <= 1.5,
-            f"{last / first:.2f}",
-        ),
-        Target(
-            "no slow point: every n within 1.5 x the smallest n's ns per n·log2 n",
-            worst / first <= 1.5,
-            f"{worst / first:.2f}",
-        ),
-    ]
-    if sizes[-1] == 65536:
-        targets.append(
-            Target(
-                "plan 65,536 samples on dp256 <= 150 ms CPU",
-                t_top * 1e3 <= 150,
-                f"{t_top * 1e3:.1f} ms",
-            )
-        )
-    return targets
 
 
 @dataclass
@@ -533,39 +360,19 @@ def bench_quality(
     return targets
 
 
-PARTS = ("partition", "planning", "curve", "quality")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run every part of the benchmark and print the target summary."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small grid, single repeats")
-    parser.add_argument(
-        "--parts",
-        nargs="+",
-        choices=PARTS,
-        default=list(PARTS),
-        help="which parts to run (default: all)",
-    )
-    parser.add_argument("--repeats", type=int, help="timed repeats (default 3, 1 with --quick)")
     args = parser.parse_args(argv)
-    repeats = args.repeats or (1 if args.quick else 3)
     start = time.perf_counter()
-    runs = {
-        "partition": lambda: bench_partition(repeats),
-        "planning": lambda: bench_planning(repeats),
-        "curve": lambda: bench_curve(
-            [1024, 4096, 16384] if args.quick else [1024 << i for i in range(7)], repeats
-        ),
-        "quality": lambda: (
-            bench_quality(["grpo", "truncation"], [8, 32], [1, 2], [16384], [(1024, 0)])
-            if args.quick
-            else bench_quality(
-                ["grpo", "truncation"], [8, 32], [1, 2], [12288, 16384], [(2048, 1), (4096, 2)]
-            )
-        ),
-    }
-    targets = [t for part in PARTS if part in args.parts for t in runs[part]()]
+    targets = (
+        bench_quality(["grpo", "truncation"], [8, 32], [1, 2], [16384], [(1024, 0)])
+        if args.quick
+        else bench_quality(
+            ["grpo", "truncation"], [8, 32], [1, 2], [12288, 16384], [(2048, 1), (4096, 2)]
+        )
+    )
     print_table(
         f"Targets ({time.perf_counter() - start:.0f} s in all)",
         ["result", "target", "measured"],

@@ -286,9 +286,10 @@ def even_groups(
     heaviest group is within `tolerance` of the mean, no exchange helps or `work` is spent.
 
     Each pass pairs the heaviest groups with the lightest, and within a pair the heavier
-    group's bins, heaviest first, with the lighter group's, lightest first; every bin pair
-    exchanges at most 1/k of the groups' gap (so the pair's heavier group gets lighter and
-    stays above where the lighter one was), and no bin gets heavier than the heaviest bin was.
+    group's bins, heaviest first, with the lighter group's, lightest first. Every bin pair
+    moves its lightest items up to 1/(2k) of the groups' gap; where none can, the pair of
+    groups makes the one exchange, of all its bin pairs, that brings them nearest (a shift in
+    (0, gap)). So the heavier group gets lighter and no bin heavier than the heaviest was.
     """
     bins = int(bin_of.max()) + 1 if bin_of.size else 0
     k = bins // groups
@@ -319,45 +320,63 @@ def even_groups(
         mine = load.reshape(groups, k)
         h_bins = heavy[:, None] * k + np.argsort(-mine[heavy], axis=1, kind="stable")
         l_bins = light[:, None] * k + np.argsort(mine[light], axis=1, kind="stable")
-        share = np.maximum((group_load[heavy] - group_load[light]) // k, 1)
-        gap = np.repeat(share, k)
+        gap = np.repeat(group_load[heavy] - group_load[light], k)
         h_bins, l_bins = h_bins.ravel(), l_bins.ravel()
         open_ = ~locked[h_bins] & ~locked[l_bins]
         h_bins, l_bins, gap = h_bins[open_], l_bins[open_], gap[open_]
         room = ceiling - load[l_bins]
-        ex = bulk_moves(
+        ex = bulk_moves(  # each bin pair at most 1/(2k) of the gap: the pair together <= 1/2
             state.bin_of,
             weights,
             sizes,
             h_bins,
             l_bins,
-            np.minimum(gap // 2, room),
+            np.minimum(gap // (2 * k), room),
             cap - state.size_load[l_bins],
             state.counts,
             movable,
         )
-        if ex.give.size == 0:
-            ex = best_exchanges(
-                state.bin_of,
+        if ex.give.size == 0:  # one exchange per pair of groups, the best of its bin pairs
+            ex = _one_per_group(
+                best_exchanges(
+                    state.bin_of,
+                    weights,
+                    sizes,
+                    h_bins,
+                    l_bins,
+                    gap,
+                    room,
+                    state.size_load,
+                    state.counts,
+                    cap,
+                    movable,
+                ),
                 weights,
-                sizes,
-                h_bins,
-                l_bins,
-                gap,
-                room,
-                state.size_load,
-                state.counts,
-                cap,
-                movable,
+                group_load,
+                k,
             )
         work.charge(ex.visited)
         top = heavy[0]
         if ex.give.size:
             state.apply(ex)
-        if not bool((ex.heavy // k == top).any()):
-            rotation += m
+        if not bool((ex.heavy // k == top).any()):  # the heaviest tries the next partner
+            rotation += 1
             if rotation >= pool.size:
                 return
+
+
+def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k: int) -> Exchanges:
+    """Of `ex` (one exchange per heavy bin), the one per heavy group that leaves the pair of
+    groups nearest each other."""
+    if ex.give.size == 0:
+        return ex
+    group = ex.heavy // k
+    gap = group_load[group] - group_load[ex.light // k]
+    d = ex.shift(weights)
+    kept = np.minimum(d, gap - d)
+    order = np.lexsort((ex.heavy, -kept, group))
+    first = order[np.concatenate(([True], group[order][1:] != group[order][:-1]))]
+    return Exchanges(ex.heavy[first], ex.light[first], ex.give[first], ex.take[first], ex.visited)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ One algorithm for every step, its work bounded:
    decreasing where the repairs fall short). Where it cannot fill dp·K micro-batches within
    the cap, K rises by the VPP alignment: a K above K_lb means neither the construction nor
    first-fit decreasing packed the step at K_lb, not that no plan exists there.
-3. The micro-batches are dealt K to each rank (partition.batched.split_even on their weights,
+3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
-   their micro-batches (partition.balanced.even_groups), within what is left of the budget.
+   their micro-batches (partition.balanced.even_groups). Balancing the micro-batches may spend
+   half the work budget, evening the ranks the rest: a straggler rank costs every rank.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
 every plan the budget can stop at satisfies the invariants; the budget counts item visits, so
 every rank computes the same plan.
@@ -131,7 +132,8 @@ class DynamicBatching(BatchingStrategy):
         over = sizes > cap
         normal = np.flatnonzero(~over)
         alone = np.flatnonzero(over)
-        work = Work(self.partitioner.budget)
+        budget = self.partitioner.budget
+        work = Work(budget // 2)  # half for the micro-batches; the ranks get the rest
         k_lb = microbatch_lower_bound(sizes, cap, dp, g)
         # Bins for the samples within the cap: dp·K less the over-cap ones, K = K_lb, + g, ...
         counts = range(dp * k_lb - alone.size, normal.size + 1, dp * g)
@@ -152,7 +154,8 @@ class DynamicBatching(BatchingStrategy):
         place = np.empty(dp * k, dtype=np.int64)
         place[deal] = np.arange(dp)[None, :] * k + np.arange(k)[:, None]
         bin_of = place[bin_of]
-        even_groups(bin_of, sizes, weights, dp, cap, self.partitioner.tolerance / 4, work, over)
+        ranks = Work(budget - min(work.spent, budget // 2))
+        even_groups(bin_of, sizes, weights, dp, cap, self.partitioner.tolerance / 4, ranks, over)
         return _nested(bin_of, np.asarray(samples, dtype=np.int64), dp, k)
 
     def _too_few(self, n: int, k: int, step: int) -> SlimeHydraError:

@@ -60,9 +60,9 @@ def test_training_and_sweep_keys_are_ones_the_trainers_and_the_summary_log() -> 
 
 
 def test_the_parallel_coordinates_span_the_swept_keys() -> None:
-    spec = dashboard("p", swept=("batching.max_tokens_per_gpu", "batching.dp_split"))
+    spec = dashboard("p", swept=("batching.max_tokens_per_gpu", "batching.balance"))
     (parallel,) = [p for s in spec.sections for p in s.panels if isinstance(p, Parallel)]
-    assert parallel.config == ("batching.max_tokens_per_gpu", "batching.dp_split")
+    assert parallel.config == ("batching.max_tokens_per_gpu", "batching.balance")
 
 
 def test_the_workspace_is_built_offline_from_the_spec() -> None:
