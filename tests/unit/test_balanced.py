@@ -66,7 +66,8 @@ def test_the_packer_refuses_what_fits_no_way_and_the_lpt_overflow_it_repairs():
     # of a 4 for the 3 repairs it: {6, 4} and {4, 3, 3}.
     s = np.array([6, 4, 4, 3, 3])
     assert max(_loads(construct(s, 2, 0.01), s, 2)) == 11
-    bins, bin_of = packer(s, s, [2], 10, Work(10**6))
+    assert packer(s, s, [2], 10, Work(10**6))[0] == 2
+    _, bin_of = packer(s, s, [2], 10, Work(10**6))
     assert sorted(_loads(bin_of, s, 2)) == [10, 10]
 
 
