@@ -21,6 +21,7 @@ test: $(VENV)
 	$(PY) -m pytest
 
 bench: $(VENV)
+	$(PY) benchmarks/bench_planner.py
 	$(PY) benchmarks/bench_schedule.py
 	$(PY) benchmarks/bench_iterator.py
 	$(PY) benchmarks/bench_train.py
