@@ -8,7 +8,7 @@ resume comparison, all before anything is written.
   metrics.jsonl or checkpoints) unless it resumes; a resume compares the dir's config.yaml
   with the new config key by key and refuses a change to anything but the keys listed below.
 - `write_run_files` writes config.yaml, schedule.json and Hydra's `.hydra/` snapshot only after
-  every check passed, each atomically (temporary name, then rename).
+  every check passed, as one set (slime_hydra.files: complete or absent, no symlink followed).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import make_dirs, refuse_links, write_files
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +76,8 @@ class RunDirError(SlimeHydraError):
     even an error.txt in a sweep."""
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` by rename, so no reader (or crash) sees half a file."""
-    _atomic_write(path, lambda tmp: tmp.write_text(text))
+def _read_fd(fd: int) -> bytes:
+    return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
 class RunDirLock:
@@ -101,21 +95,25 @@ class RunDirLock:
     def acquire(self) -> RunDirLock:
         """Take the lock or raise a RunDirError naming the process that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            refuse_links(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except SlimeHydraError as exc:
+            raise RunDirError(str(exc)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = _read_fd(fd).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
-            holder = self.path.read_text().strip() or "unknown"
             raise RunDirError(
                 f"run dir {self.path.parent} is in use by another run (pid {holder}, which "
                 f"holds {self.path}); two runs must not share a run dir. Wait for it to end, "
                 "or pass a different hydra.run.dir."
             ) from None
         self._fd = fd
-        self._before = self.path.read_bytes()
+        self._before = _read_fd(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return self
@@ -234,15 +232,18 @@ def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: 
     """config.yaml, schedule.json and, when Hydra runs the job, `.hydra/` (config.yaml,
     hydra.yaml, overrides.yaml, as Hydra would have written them itself)."""
     run_dir = Path(run_dir)
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    atomic_write_text(run_dir / "schedule.json", json.dumps(schedule_json))
+    files: dict[Path, str] = {
+        run_dir / "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+        run_dir / "schedule.json": json.dumps(schedule_json),
+    }
     if hydra is not None:
         out = run_dir / ".hydra"
-        out.mkdir(exist_ok=True)
-        atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg))
-        atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
+        make_dirs(out, run_dir)
         overrides = OmegaConf.to_container(hydra.overrides.task)
-        atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(overrides))
+        files[out / "config.yaml"] = OmegaConf.to_yaml(cfg)
+        files[out / "hydra.yaml"] = OmegaConf.to_yaml({"hydra": hydra})
+        files[out / "overrides.yaml"] = OmegaConf.to_yaml(overrides)
+    write_files(files, run_dir)
     stale = run_dir / ERROR_FILE
     if stale.is_file():  # a refused attempt's note; this run owns the dir now
         stale.unlink()

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slime_hydra"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "errors",
+        "errors files",
         "partition",
         "schedule",  # + the pure cost model
         "hf instantiate rundir",  # HF config.json and tokenizer reading; object building
