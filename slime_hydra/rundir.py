@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import make_dirs, refuse_links, write_files
+from slime_hydra.files import make_dirs, open_append, refuse_links, write_files
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ closing line read it)."""
 
 LOCK_FILE = ".lock"
 """The lock a run takes on its dir before anything else (RunDirLock)."""
+
+SWEEP_JOBS = "sweep_jobs.jsonl"
+"""In a sweep dir: one line per job as it starts and one as it ends (`failed`: refused, or
+failed in training), appended by each job's app (any launcher), read by the sweep's line."""
 
 RUN_FILES = ("config.yaml", "schedule.json", "metrics.jsonl", "checkpoints")
 """What makes a dir hold a run: any of these."""
@@ -127,6 +131,16 @@ class RunDirLock:
             os.pwrite(self._fd, self._before, 0)
         os.close(self._fd)
         self._fd = None
+
+
+def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
+    """Append this job's start (`failed` None) or outcome to the sweep dir's SWEEP_JOBS (one
+    short O_APPEND write, so jobs running in parallel never interleave a line)."""
+    entry = {"job": os.path.relpath(job_dir, sweep_dir)}
+    if failed is not None:
+        entry["failed"] = failed
+    with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def holds_run(run_dir: Path) -> list[str]:

@@ -4,12 +4,13 @@ numbers that summarise a run are slime_hydra/log/summary.py's, shared with the w
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from slime_hydra.log.sink import Metrics
 from slime_hydra.log.summary import run_summary
-from slime_hydra.rundir import ERROR_FILE, LOCK_FILE
+from slime_hydra.rundir import ERROR_FILE, LOCK_FILE, SWEEP_JOBS
 from slime_hydra.schedule import Schedule
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "RunDir",
     "failed_jobs",
     "is_run_dir",
+    "job_dirs",
     "read_schedule",
     "run_summary",
     "sweep_jobs",
@@ -86,23 +88,61 @@ def is_run_dir(path: Path) -> bool:
     return (path / "metrics.jsonl").is_file()
 
 
-def _job_dirs(path: Path) -> list[Path]:
-    """Every job dir directly under a sweep dir, in job-number order (Hydra's `N_overrides`)."""
-
-    def job_number(p: Path) -> tuple[int, str]:
-        head = p.name.split("_", 1)[0]
-        return (int(head) if head.isdigit() else 1 << 30, p.name)
-
-    jobs = (p for p in path.iterdir() if any((p / mark).exists() for mark in JOB_MARKS))
-    return sorted(jobs, key=job_number)
+def job_ran(path: Path) -> bool:
+    """A sweep job that logged metrics and recorded no failure (a job that failed in training
+    has metrics and an error.txt)."""
+    return is_run_dir(path) and not (path / ERROR_FILE).is_file()
 
 
-def sweep_jobs(path: Path) -> list[Path]:
-    """The run dirs (jobs that logged metrics) directly under a sweep dir, in job-number order."""
-    return [p for p in _job_dirs(path) if is_run_dir(p)]
+def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> dict[str, bool]:
+    """Job dir (relative to the sweep dir) → whether it succeeded, from the sweep dir's
+    sweep_jobs.jsonl past `offset`, in order of start; a job that started and never ended (its
+    process was killed) failed. A torn or undecodable line (a job killed mid-write) is skipped."""
+    path = sweep_dir / SWEEP_JOBS
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    outcomes: dict[str, bool] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            job = entry["job"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        outcomes[job] = entry.get("failed") is False
+    return outcomes
 
 
-def failed_jobs(path: Path) -> list[FailedJob]:
-    """The jobs under a sweep dir that logged no metrics (refused: error.txt; or stopped
-    before their first step), in job-number order."""
-    return [FailedJob.read(p) for p in _job_dirs(path) if not is_run_dir(p)]
+def job_number(path: Path, sweep: Path) -> tuple[int, str]:
+    """The sort key of a job dir: Hydra's job number (its name's `N_` head), then its path."""
+    rel = str(path.relative_to(sweep))
+    head = rel.split("_", 1)[0]
+    return (int(head) if head.isascii() and head.isdigit() else 1 << 30, rel)
+
+
+def job_dirs(path: Path) -> list[Path]:
+    """Every job dir under a sweep dir, in job-number order. A swept value holding "/" (a
+    data.path) nests the job's dir below the sweep dir, so the dirs are searched at any depth,
+    but not inside a job dir."""
+    found = []
+    for where, dirs, _ in os.walk(path):
+        at = Path(where)
+        if at != path and any((at / mark).exists() for mark in JOB_MARKS):
+            found.append(at)
+            dirs.clear()
+    return sorted(found, key=lambda p: job_number(p, path))
+
+
+def sweep_jobs(path: Path, jobs: list[Path] | None = None) -> list[Path]:
+    """The run dirs (jobs that logged metrics and recorded no failure) among `jobs` (default:
+    every job dir under the sweep dir), in job-number order."""
+    return [p for p in (job_dirs(path) if jobs is None else jobs) if job_ran(p)]
+
+
+def failed_jobs(path: Path, jobs: list[Path] | None = None) -> list[FailedJob]:
+    """The jobs among `jobs` (default: every job dir under the sweep dir) that failed: refused
+    or failed in training (error.txt), or stopped before their first step, in job-number
+    order."""
+    return [FailedJob.read(p) for p in (job_dirs(path) if jobs is None else jobs) if not job_ran(p)]

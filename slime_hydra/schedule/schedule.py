@@ -16,7 +16,6 @@ def breaks_cap(num_samples: int, tokens: int, cap: int | None) -> bool:
     return cap is not None and num_samples > 1 and tokens > cap
 
 
-
 def step_number(index: int) -> int:
     """The number users see for the schedule's step `index` (`Schedule.steps` is 0-indexed):
     steps count from 1 in metrics, wandb, the console, checkpoint dirs and trainer.* settings,

@@ -235,8 +235,7 @@ def _check_identity(path: Path, state: Mapping[str, Any], rank: int, ident: Mapp
                 if (state.get(key) or {}).get(k) != ident[key].get(k)
             )
             names = ", ".join(
-                f"{group}.{k}: "
-                f"{(state.get(key) or {}).get(k)!r} saved, {ident[key].get(k)!r} now"
+                f"{group}.{k}: {(state.get(key) or {}).get(k)!r} saved, {ident[key].get(k)!r} now"
                 for k in changed
             )
             raise SlimeHydraError(f"{path} was saved by another {group} config: {names}; " + fix)
