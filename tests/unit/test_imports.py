@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slime_hydra"
 LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
-        "errors files",
+        "errors",
+        "files",  # writing run-dir files and reading user files safely
         "partition",
         "schedule",  # + the pure cost model
         "hf instantiate rundir",  # HF config.json and tokenizer reading; object building
