@@ -26,30 +26,6 @@ from slime_hydra.errors import SlimeHydraError
 
 _MISSING = object()
 
-DANGEROUS_MODULES = frozenset(
-    {
-        "os",
-        "posix",
-        "nt",
-        "subprocess",
-        "sys",
-        "builtins",
-        "__builtin__",
-        "shutil",
-        "socket",
-        "importlib",
-        "runpy",
-        "pty",
-        "code",
-        "eval",
-        "exec",
-        "webbrowser",
-        "ctypes",
-        "marshal",
-    }
-)
-"""Modules whose functions a pickle calls to run code; a dump that needs one is refused outright."""
-
 
 def _is_tensor(value: object) -> bool:
     """A torch.Tensor; without torch imported (it is, by `_read`) nothing can be one."""
@@ -63,12 +39,15 @@ class SlimeDump:
 
     path: str
     trust_pickle: bool = False
-    """Allow full unpickling (can run arbitrary code): only for files you trust."""
+    """Full unpickling, which runs whatever code the file names: only for a file you wrote.
+    By default the file loads weights-only, an allowlist of tensors and plain containers."""
     reward_key: str | None = None
     """Which entry of a dict-valued reward to train on."""
 
     def _read(self) -> object:
-        """The file's object, unpickling arbitrary classes only when the user trusts the file."""
+        """The file's object through torch's weights-only allowlist (tensors, numbers, strings,
+        lists, dicts); anything the file names beyond it is refused, not loaded, unless the user
+        asked for full unpickling."""
         if not Path(self.path).is_file():
             raise SlimeHydraError(
                 f"slime dump {self.path!r} does not exist or is not a file; check data.path."
@@ -81,17 +60,11 @@ class SlimeDump:
             needs = re.search(r"GLOBAL ([\w.]+)", str(err))
             if needs is None or self.trust_pickle:
                 raise self._unreadable(err) from None
-            name = needs.group(1)
-            if name.split(".")[0] in DANGEROUS_MODULES:
-                raise SlimeHydraError(
-                    f"slime dump {self.path!r} asks the unpickler to call {name}, which no "
-                    "rollout dump needs: the file may be malicious, and it was not loaded. "
-                    "Regenerate it with slime's --save-debug-rollout-data."
-                ) from None
             raise SlimeHydraError(
-                f"slime dump {self.path!r} holds a {name} object, which weights-only loading "
-                "refuses because unpickling it could run code; it was not loaded. Only for a dump "
-                "your own slime run wrote may data.trust_pickle=true load it fully."
+                f"slime dump {self.path!r} names {needs.group(1)}, which is not a tensor or a "
+                "plain container (numbers, strings, lists, dicts): unpickling it would call it, "
+                "so nothing of the file was loaded or run. A rollout dump needs nothing else; "
+                "regenerate it with slime's --save-debug-rollout-data."
             ) from None
         except Exception as err:  # torch raises RuntimeError/EOFError/... for a damaged file
             raise self._unreadable(err) from None

@@ -3,7 +3,10 @@ traces) from the source, config or trainer check that runs before any worker sta
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -126,17 +129,43 @@ def test_garbage_dump_does_not_invite_trust_pickle(tmp_path):
 
 
 class RunsCode:
+    """A pickle that calls `call(*args)` when loaded (the callables a denylist misses)."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
     def __reduce__(self):
-        return (os.system, ("touch /tmp/slime_hydra_pwned",))
+        return (self.call, self.args)
 
 
-def test_malicious_dump_is_refused_as_such_and_runs_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("call", "args", "named"),
+    [
+        (os.system, ("touch {marker}",), "system"),
+        (timeit.timeit, ("open({marker!r}, 'w')",), "timeit.timeit"),
+        # torch.save's pickle protocol 2 writes it under its Python 2 name.
+        (subprocess.Popen, (["touch", "{marker}"],), "commands.Popen"),
+    ],
+)
+def test_a_dump_naming_any_callable_is_refused_by_the_allowlist_and_runs_nothing(
+    tmp_path, call, args, named
+):
+    marker = tmp_path / "pwned"
+    args = tuple(
+        a.format(marker=str(marker))
+        if isinstance(a, str)
+        else [x.format(marker=str(marker)) for x in a]
+        for a in args
+    )
     path = tmp_path / "rollout_0.pt"
-    torch.save({"rollout_id": 0, "samples": [sample(reward=RunsCode())]}, path)
-    with pytest.raises(SlimeHydraError, match="may be malicious") as err:
+    torch.save({"rollout_id": 0, "samples": [sample(reward=RunsCode(call, *args))]}, path)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(SlimeHydraError, match="which is not a tensor or a plain container") as err:
         SlimeDump(str(path)).load()
-    assert "trust_pickle=true" not in str(err.value)
-    assert not Path("/tmp/slime_hydra_pwned").exists()
+    assert named in str(err.value)
+    assert "trust_pickle" not in str(err.value)
+    assert not marker.exists()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
 # -- config -----------------------------------------------------------------------------------
