@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -215,6 +215,28 @@ def parse_json(text: str, at: str) -> Any:
             "so the file is damaged or not this kind of file."
         )
     return value
+
+
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """(`file:line`, value) of each non-blank line of a JSON Lines file; a line that is not
+    UTF-8, not JSON or nested too deep is our error naming file and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SlimeHydraError(f"data.path={str(path)!r} cannot be read ({exc.strerror}).") from None
+    gzip = " (it is gzip-compressed: decompress it first)" if data[:2] == b"\x1f\x8b" else ""
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        at = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SlimeHydraError(
+                f"{at}: not UTF-8 text{gzip} (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); write the file as UTF-8 JSON Lines."
+            ) from None
+        if line.strip():
+            yield at, parse_json(line, at)
 
 
 def parse_count(text: str) -> int | None:

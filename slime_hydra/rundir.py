@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import make_dirs, open_append, refuse_links, write_files
+from slime_hydra.files import make_dirs, open_append, read_text, refuse_links, write_files
 
 log = logging.getLogger(__name__)
 
@@ -221,14 +221,26 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
             f"trainer.resume=true but run dir {run_dir} holds no run to resume (no config.yaml): "
             "pass the earlier run's hydra.run.dir, or drop trainer.resume."
         )
+    fix = "restore the file or start a new run dir."
     try:
-        old = yaml.safe_load(saved.read_text())
-    except yaml.YAMLError as exc:
+        text = read_text(saved, "the config of the run to resume,", fix)
+    except SlimeHydraError as exc:
+        raise RunDirError(str(exc)) from None
+    try:
+        old = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "nested too deep"
         raise RunDirError(
-            f"{saved} is not readable YAML ({str(exc).splitlines()[0]}), so this resume cannot be "
-            "checked against the run it continues; restore the file or start a new run dir."
+            f"{saved} is not readable YAML ({first}), so this resume cannot be checked against "
+            "the run it continues; " + fix
         ) from None
-    diff = diff_configs(old if isinstance(old, Mapping) else {}, config)
+    if not isinstance(old, Mapping) or not old:
+        what = "is empty" if old is None or old == {} else f"holds a {type(old).__name__}"
+        raise RunDirError(
+            f"{saved} {what}, not the config of a run, so this resume cannot be checked against "
+            "the run it continues; " + fix
+        )
+    diff = diff_configs(old, config)
     if diff.refused:
         raise RunDirError(
             f"trainer.resume=true refused: the new config changes {len(diff.refused)} key(s) "

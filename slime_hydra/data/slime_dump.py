@@ -207,6 +207,12 @@ class SlimeDump:
             mask = self._per_response(
                 self._field(s, i, "loss_mask", default=np.ones(r)), r, i, "loss_mask"
             )
+            if not np.isin(mask, (0.0, 1.0)).all():
+                j = int(np.flatnonzero(~np.isin(mask, (0.0, 1.0)))[0])
+                raise SlimeHydraError(
+                    f"slime dump {self.path!r}: sample {i} loss_mask[{j}]={mask[j]} is not 0 or 1; "
+                    "a loss mask selects response tokens, it does not weight them."
+                )
             if s.get("remove_sample"):
                 mask = np.zeros(r)
             adv = self._field(s, i, "advantages", "advantage", default=None)

@@ -9,8 +9,7 @@ Tokens are not part of a trace: a trainer synthesises them from the lengths.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import json_lines
 
 INT64 = (-(2**63), 2**63 - 1)
 
@@ -99,20 +99,10 @@ class JsonlTrace:
 
     path: str
 
-    def _records(self, path: Path) -> Iterator[tuple[str, object]]:
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path}:{lineno}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SlimeHydraError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
-
     def load(self) -> RolloutBatch:
         """Parse the file, naming file and line of the first bad record."""
         path = _existing(self.path)
-        return records_to_batch(self._records(path), path)
+        return records_to_batch(json_lines(path), path)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import parse_json, read_text
+from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import Metrics
 from slime_hydra.log.summary import run_summary
 from slime_hydra.rundir import ERROR_FILE, LOCK_FILE, SWEEP_JOBS
@@ -30,9 +33,18 @@ a job that runs writes metrics.jsonl, one that is refused writes error.txt."""
 
 
 def read_schedule(run_dir: Path) -> Schedule | None:
-    """The run dir's schedule.json, or None if it has none."""
+    """The run dir's schedule.json, or None if it has none; our error if it is damaged."""
     path = run_dir / "schedule.json"
-    return Schedule.from_json(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    fix = "the run's schedule cannot be plotted; restore the file or remove it."
+    data = parse_json(read_text(path, "schedule", fix), str(path))
+    try:
+        return Schedule.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise SlimeHydraError(
+            f"{path} is not a schedule ({type(exc).__name__}: {exc}); " + fix
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -51,8 +63,8 @@ class RunDir:
     @classmethod
     def read(cls, path: Path) -> RunDir:
         """Read metrics.jsonl and schedule.json of `path`."""
-        lines = (path / "metrics.jsonl").read_text().splitlines()
-        return cls(path, [json.loads(line) for line in lines if line], read_schedule(path))
+        rows = rows_done(path / "metrics.jsonl", steps_done=2**63 - 1)
+        return cls(path, [json.loads(line) for line in rows], read_schedule(path))
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,8 @@ class FailedJob:
         if not error_file.is_file():
             note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
             return cls(path, note)
-        lines = [line.strip() for line in error_file.read_text().splitlines() if line.strip()]
+        text = error_file.read_bytes().decode(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
         return cls(path, lines[0] if lines else "error.txt is empty")
 
 

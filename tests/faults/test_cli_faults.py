@@ -56,8 +56,15 @@ def test_a_second_sweep_into_the_same_sweep_dir_leaves_the_first_whole(tmp_path)
     out = cli(*sweep, f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0  # a sweep goes on past failed jobs
     assert (out.stdout + out.stderr).count("already holds a run") == 2
-    assert_untouched(before, tmp_path, ignore=("multirun.yaml",))  # Hydra's own sweep file
+    # Hydra writes this sweep's multirun.yaml; the first sweep's is kept beside it.
+    assert (tmp_path / "multirun.1.yaml").read_bytes() == before["multirun.yaml"]
+    jobs = (tmp_path / "sweep_jobs.jsonl").read_bytes()
+    assert jobs.startswith(before["sweep_jobs.jsonl"])  # the sweep's job records only grow
+    ignore = ("multirun.yaml", "multirun.1.yaml", "sweep_jobs.jsonl")
+    assert_untouched(before, tmp_path, ignore=ignore)
     assert not list(tmp_path.rglob("error.txt"))
+    # Both jobs of this sweep were refused; the first sweep's successes are not counted.
+    assert out.stdout.splitlines()[-1].startswith("sweep: 2 jobs, 2 failed (see ")
 
 
 def test_a_run_into_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
