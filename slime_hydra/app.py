@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -27,6 +28,7 @@ from slime_hydra.rundir import (
     RunDirError,
     RunDirLock,
     claim,
+    discard_run_files,
     holds_run,
     note_sweep_job,
     write_run_files,
@@ -142,18 +144,38 @@ def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:
             claim(info.run_dir, info.config, resuming(trainer))
             rows_done(info.run_dir / "metrics.jsonl", steps_done=0)  # damaged lines: refused now
         trainer.check(job)
+        written: list[Path] = []
         if owner:
             hydra = HydraConfig.get() if HydraConfig.initialized() else None
-            write_run_files(info.run_dir, cfg, job.schedule.to_json(), hydra)
+            written = write_run_files(info.run_dir, cfg, job.schedule.to_json(), hydra)
         refused = False
         if attempt is not None:
             attempt.wrote = True
-        objective = trainer.run(job)
+        try:
+            objective = trainer.run(job)
+        except BaseException:
+            if written and not resuming(trainer) and not started(info.run_dir):
+                discard_run_files(info.run_dir, written)
+                refused = True  # the lock's old content back too: the dir is as it was
+                if attempt is not None:
+                    attempt.wrote = False
+            raise
     finally:
         if lock is not None:
             lock.release(refused=refused)
     log.info("Run dir: %s", job.run.run_dir)
     return objective
+
+
+def started(run_dir: Path) -> bool:
+    """Whether a run in `run_dir` logged a step or saved a checkpoint (a damaged metrics file
+    counts as started: it is never discarded)."""
+    if os.path.lexists(run_dir / "checkpoints"):
+        return True
+    try:
+        return bool(rows_done(run_dir / "metrics.jsonl", steps_done=2**63 - 1))
+    except SlimeHydraError:
+        return True
 
 
 def _stopped_line(signum: int, run_dir: Path, attempt: Attempt) -> str:

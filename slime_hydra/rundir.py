@@ -254,9 +254,9 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
     return diff.applied
 
 
-def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: Any) -> None:
+def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: Any) -> list[Path]:
     """config.yaml, schedule.json and, when Hydra runs the job, `.hydra/` (config.yaml,
-    hydra.yaml, overrides.yaml, as Hydra would have written them itself)."""
+    hydra.yaml, overrides.yaml, as Hydra would have written them itself); returns them."""
     run_dir = Path(run_dir)
     files: dict[Path, str] = {
         run_dir / "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
@@ -273,3 +273,17 @@ def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: 
     stale = run_dir / ERROR_FILE
     if stale.is_file():  # a refused attempt's note; this run owns the dir now
         stale.unlink()
+    return list(files)
+
+
+def discard_run_files(run_dir: Path, written: list[Path]) -> None:
+    """Remove what a fresh run wrote (`written`, and an empty metrics.jsonl) when it failed
+    before its first step, so that the dir holds no run and a corrected rerun can take it."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file() and not metrics.is_symlink() and metrics.stat().st_size == 0:
+        metrics.unlink()
+    for path in written:
+        path.unlink(missing_ok=True)
+    hydra = Path(run_dir) / ".hydra"
+    if hydra.is_dir() and not hydra.is_symlink() and not any(hydra.iterdir()):
+        hydra.rmdir()

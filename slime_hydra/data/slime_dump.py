@@ -33,6 +33,11 @@ def _is_tensor(value: object) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def _bool() -> object:
+    """torch.bool (torch is imported by then: `_is_tensor` was true)."""
+    return sys.modules["torch"].bool
+
+
 @dataclass(frozen=True)
 class SlimeDump:
     """A slime debug rollout dump on disk; `load()` turns it into a RolloutBatch with tokens."""
@@ -120,8 +125,13 @@ class SlimeDump:
 
     def _finite_scalar(self, value: object, i: int, name: str) -> float:
         """A single finite number (a Python/numpy number or one-element 0-d tensor)."""
+        if isinstance(value, bool | np.bool_) or (_is_tensor(value) and value.dtype is _bool()):
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name}={value!r} is a boolean; expected a "
+                "number (write True/False rewards as 1.0/0.0)."
+            )
         arr = self._array(value, i, name, np.float64)
-        if arr.ndim != 0 or isinstance(value, bool):
+        if arr.ndim != 0:
             raise SlimeHydraError(
                 f"slime dump {self.path!r}: sample {i} {name} has shape {list(arr.shape)}; "
                 "expected a scalar (a dict reward needs data.reward_key)."
