@@ -18,12 +18,14 @@ import fcntl
 import json
 import logging
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
@@ -131,6 +133,54 @@ class RunDirLock:
             os.pwrite(self._fd, self._before, 0)
         os.close(self._fd)
         self._fd = None
+
+
+def make_run_dir(path: Path, key: str) -> None:
+    """Create the dir `key` (hydra.run.dir or hydra.sweep.dir) names, or raise our error saying
+    why it cannot be one: a file, under a file, a name too long, no permission, a full disk."""
+    why = {
+        errno.EEXIST: "it is a file, not a directory",
+        errno.ENOTDIR: "a part of it is a file, not a directory",
+        errno.ENAMETOOLONG: "the path (or one of its names) is too long for the file system",
+        errno.EACCES: "this user may not create or write it",
+        errno.EPERM: "this user may not create or write it",
+        errno.EROFS: "it is on a read-only file system",
+        errno.ENOSPC: "the disk is full",
+    }
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as exc:
+        reason = why.get(exc.errno, exc.strerror or type(exc).__name__)
+        if os.path.isfile(path):  # os.path: False, not an error, for a name too long
+            reason = why[errno.EEXIST]
+        raise SlimeHydraError(
+            f"{key}={path} cannot be a run dir: {reason}. Pass a {key} that is (or can be "
+            "created as) a writable directory."
+        ) from None
+
+
+class RunDirPath(Callback):
+    """Creates the run dir (or a sweep's dir) before Hydra does, so that a path that cannot be
+    one is one paragraph and exit 1 instead of Hydra's traceback (registered in
+    conf/config.yaml under hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create hydra.run.dir or stop with our message."""
+        self._make(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create hydra.sweep.dir or stop with our message."""
+        self._make(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+    @staticmethod
+    def _make(path: Path, key: str) -> None:
+        try:
+            make_run_dir(path, key)
+        except SlimeHydraError as exc:
+            print(exc, file=sys.stderr, flush=True)
+            sys.exit(1)
 
 
 def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
