@@ -319,7 +319,13 @@ def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: 
         files[out / "config.yaml"] = OmegaConf.to_yaml(cfg)
         files[out / "hydra.yaml"] = OmegaConf.to_yaml({"hydra": hydra})
         files[out / "overrides.yaml"] = OmegaConf.to_yaml(overrides)
-    write_files(files, run_dir)
+    try:
+        write_files(files, run_dir)
+    except BaseException:
+        hydra_dir = run_dir / ".hydra"
+        if hydra is not None and hydra_dir.is_dir() and not any(hydra_dir.iterdir()):
+            hydra_dir.rmdir()  # absent, as the files it was made for
+        raise
     stale = run_dir / ERROR_FILE
     if stale.is_file():  # a refused attempt's note; this run owns the dir now
         stale.unlink()
