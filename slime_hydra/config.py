@@ -241,7 +241,12 @@ def check_keys(cfg: DictConfig) -> None:
             hint = f"Did you mean {' or '.join(f'{parent}.{c}' for c in close)}? " if close else ""
             raise SlimeHydraError(
                 f"{key} is not a setting: nothing reads it, so a `+{key}=...` override would be "
-                f"silently ignored. {hint}The settings there are: {', '.join(accepted)}."
+                f"silently ignored. {hint}"
+                + (
+                    f"The settings there are: {', '.join(accepted)}."
+                    if accepted
+                    else f"{parent}'s _target_ takes no settings."
+                )
             )
 
 
