@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -14,15 +17,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import validate
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import write_file
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.instantiate import build, factory
+from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.rundir import (
     ERROR_FILE,
+    LOG_FILE,
     RunDirError,
     RunDirLock,
     claim,
+    discard_run_files,
     holds_run,
+    note_sweep_job,
     write_run_files,
 )
 from slime_hydra.schedule import violations
@@ -94,7 +102,28 @@ def resuming(trainer: object) -> bool:
     return bool(getattr(trainer, "resume", False)) or (env is not None and env.restart_count > 0)
 
 
-def run(cfg: DictConfig) -> float | None:
+@dataclass
+class Attempt:
+    """How far a run got: whether it wrote its run files (its dir is this run's from then on),
+    and whether it failed."""
+
+    wrote: bool = False
+    failed: bool = False
+
+
+class Stopped(BaseException):
+    """SIGTERM: stop the run as Ctrl-C does (a BaseException, so no `except Exception` eats it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:
     """Lock the run dir, plan, let the run dir and the trainer refuse what they cannot take,
     and only then write the run dir and train: a refused run leaves the dir as it was. The
     trainer logs through `log.sinks.open_sinks` where its metrics are (this process for plan,
@@ -113,12 +142,24 @@ def run(cfg: DictConfig) -> float | None:
         trainer = build(cfg.trainer)
         if owner:
             claim(info.run_dir, info.config, resuming(trainer))
+            rows_done(info.run_dir / "metrics.jsonl", steps_done=0)  # damaged lines: refused now
         trainer.check(job)
+        written: list[Path] = []
         if owner:
             hydra = HydraConfig.get() if HydraConfig.initialized() else None
-            write_run_files(info.run_dir, cfg, job.schedule.to_json(), hydra)
+            written = write_run_files(info.run_dir, cfg, job.schedule.to_json(), hydra)
         refused = False
-        objective = trainer.run(job)
+        if attempt is not None:
+            attempt.wrote = True
+        try:
+            objective = trainer.run(job)
+        except BaseException:
+            if written and not resuming(trainer) and not started(info.run_dir):
+                discard_run_files(info.run_dir, written)
+                refused = True  # the lock's old content back too: the dir is as it was
+                if attempt is not None:
+                    attempt.wrote = False
+            raise
     finally:
         if lock is not None:
             lock.release(refused=refused)
@@ -126,17 +167,86 @@ def run(cfg: DictConfig) -> float | None:
     return objective
 
 
+def started(run_dir: Path) -> bool:
+    """Whether a run in `run_dir` logged a step or saved a checkpoint (a damaged metrics file
+    counts as started: it is never discarded)."""
+    if os.path.lexists(run_dir / "checkpoints"):
+        return True
+    try:
+        return bool(rows_done(run_dir / "metrics.jsonl", steps_done=2**63 - 1))
+    except SlimeHydraError:
+        return True
+
+
+def _stopped_line(signum: int, run_dir: Path, attempt: Attempt) -> str:
+    """One line for a run stopped by a signal: what became of its dir and how to go on."""
+    name = signal.Signals(signum).name
+    if not attempt.wrote:
+        return f"stopped by {name} before training started: nothing was written to {run_dir}."
+    return (
+        f"stopped by {name}: the run in {run_dir} keeps its last checkpoint; continue it with "
+        f"trainer.resume=true hydra.run.dir={run_dir} (trainer=cpu|gpu)."
+    )
+
+
+def _record_failure(job_dir: Path, text: str, held_before: bool, attempt: Attempt) -> None:
+    """A sweep job's error.txt, in its own dir only: one that held no run when the job began,
+    or whose run files this job wrote."""
+    if attempt.wrote or not held_before:
+        write_file(job_dir / ERROR_FILE, f"{text}\n", job_dir)
+
+
 def main(cfg: DictConfig) -> float | None:
     """Run, turning a user error into one paragraph: exit 1 in a single run; in a sweep, fail
     only this job (its error.txt says why, unless its dir holds another run; its objective is
-    +inf) and go on with the others."""
+    +inf) and go on with the others; in a sweep any other exception of the job fails it alike
+    (its traceback in the job's log). SIGINT/SIGTERM stop the run with one line, exit 130/143."""
+    hydra_cfg = HydraConfig.get()
+    job_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    held_before = bool(holds_run(job_dir))
+    attempt = Attempt()
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    if not multirun:
+        return _main(cfg, job_dir, held_before, attempt)
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    note_sweep_job(sweep_dir, job_dir, None)
+    objective = _main(cfg, job_dir, held_before, attempt, multirun=True)
+    note_sweep_job(sweep_dir, job_dir, failed=attempt.failed)
+    return objective
+
+
+def _main(
+    cfg: DictConfig, job_dir: Path, held_before: bool, attempt: Attempt, multirun: bool = False
+) -> float | None:
     try:
-        return run(cfg)
+        return run(cfg, attempt)
     except SlimeHydraError as exc:
         log.error("%s", exc)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            job_dir = Path(HydraConfig.get().runtime.output_dir)
-            if not isinstance(exc, RunDirError) and not holds_run(job_dir):
-                (job_dir / ERROR_FILE).write_text(f"{exc}\n")  # never into another run's dir
-            return math.inf
-        sys.exit(1)
+        if not multirun:
+            sys.exit(1)
+        attempt.failed = True
+        if not isinstance(exc, RunDirError):  # never into another run's dir
+            _record_failure(job_dir, str(exc), held_before, attempt)
+        return math.inf
+    except (KeyboardInterrupt, Stopped) as exc:
+        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
+        log.error("%s", _stopped_line(signum, job_dir, attempt))
+        sys.exit(128 + signum)
+    except Exception as exc:
+        signum = getattr(exc, "sigval", None)  # the elastic launcher's SignalException
+        if signum is not None:
+            log.error("%s", _stopped_line(int(signum), job_dir, attempt))
+            sys.exit(128 + int(signum))
+        if not multirun:
+            raise
+        log.exception("sweep job %s failed", job_dir)
+        attempt.failed = True
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        _record_failure(
+            job_dir,
+            f"{type(exc).__name__}: {first} (the traceback is in {job_dir / LOG_FILE})",
+            held_before,
+            attempt,
+        )
+        return math.inf

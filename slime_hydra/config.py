@@ -22,10 +22,11 @@ from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.hf.checks import model_dims
+from slime_hydra.hf.checks import check_tensor_parallel, model_dims
 from slime_hydra.instantiate import build
 from slime_hydra.log.wandb import WandbSink
 from slime_hydra.partition import BalancedPacker
+from slime_hydra.rundir import flatten
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.schedule.dynamic import Balance, Oversize
@@ -166,10 +167,17 @@ def layout_of(cfg: DictConfig) -> ParallelLayout:
     return ParallelLayout(**OmegaConf.to_container(cfg.parallel, resolve=True))
 
 
-CHECKED_GROUPS = ("batching", "parallel", "data", "trainer", "logger")
+CHECKED_GROUPS = ("batching", "parallel", "data", "trainer", "iterator", "logger")
 """Groups whose keys are the arguments of one class: a key it does not take is an error."""
 
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+RUNTIME_ARGS = {
+    "batching": {"layout", "flops_coefficients"},
+    "iterator": {"batch", "microbatches", "step", "dp_rank", "tp_size", "cp_size", "cp_rank"},
+    "logger": {"run", "schedule"},
+}
+"""Arguments a group's object gets when it is built, not from the config: no setting."""
 
 
 def _accepted(node: DictConfig, group: str) -> set[str] | None:
@@ -185,7 +193,7 @@ def _accepted(node: DictConfig, group: str) -> set[str] | None:
         return None  # instantiation reports a bad _target_ itself
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return {p.name for p in params} | _HYDRA_KEYS
+    return ({p.name for p in params} - RUNTIME_ARGS.get(group, set())) | _HYDRA_KEYS
 
 
 def _unknown_keys(node: DictConfig, where: str, group: str) -> list[tuple[str, list[str]]]:
@@ -210,6 +218,16 @@ def check_keys(cfg: DictConfig) -> None:
             f"{', '.join(missing)} must be set: add {' '.join(f'{k}=...' for k in missing)} to "
             "the command (e.g. data=jsonl needs data.path=/path/to/trace.jsonl)."
         )
+    known = {f.name for f in fields(Config)} | {"hydra"}
+    for key in cfg:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known - {"hydra"}), n=2)
+            hint = f"Did you mean {' or '.join(close)}? " if close else ""
+            raise SlimeHydraError(
+                f"{key} is not a setting: nothing reads it, so a `+{key}=...` override would be "
+                f"silently ignored. {hint}The top-level settings are: "
+                f"{', '.join(sorted(known - {'hydra'}))}."
+            )
     for group in CHECKED_GROUPS:
         node = cfg.get(group)
         if not isinstance(node, DictConfig):
@@ -221,21 +239,63 @@ def check_keys(cfg: DictConfig) -> None:
             hint = f"Did you mean {' or '.join(f'{parent}.{c}' for c in close)}? " if close else ""
             raise SlimeHydraError(
                 f"{key} is not a setting: nothing reads it, so a `+{key}=...` override would be "
-                f"silently ignored. {hint}The settings there are: {', '.join(accepted)}."
+                f"silently ignored. {hint}"
+                + (
+                    f"The settings there are: {', '.join(accepted)}."
+                    if accepted
+                    else f"{parent}'s _target_ takes no settings."
+                )
             )
 
 
+INT64_MAX = 2**63 - 1
+
+SEED_RANGE = (0, 2**32 - 1)
+"""numpy's and torch's seeds: what `seed` may be."""
+
+
+def check_integers(cfg: DictConfig) -> None:
+    """Every integer in the config fits int64 (numpy, torch and megatron take nothing wider),
+    and `seed` is one numpy and torch accept."""
+    for key, value in flatten(OmegaConf.to_container(cfg, resolve=True)).items():
+        integer = isinstance(value, int) and not isinstance(value, bool)
+        if integer and not -INT64_MAX - 1 <= value <= INT64_MAX:
+            raise SlimeHydraError(
+                f"{key}={value} does not fit a 64-bit integer (at most {INT64_MAX}); set "
+                f"{key} to a value in range."
+            )
+    seed = cfg.get("seed")
+    if (
+        isinstance(seed, bool)
+        or not isinstance(seed, int)
+        or not (SEED_RANGE[0] <= seed <= SEED_RANGE[1])
+    ):
+        raise SlimeHydraError(
+            f"seed={seed!r} is not a seed numpy and torch accept (an integer from {SEED_RANGE[0]} "
+            f"to {SEED_RANGE[1]}); set seed=... in that range."
+        )
+
+
 def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
-    """Check the whole config before anything runs; return the layout and batching strategy."""
+    """Check the whole config before anything runs (what the workers would reject included:
+    int64 ranges, the seed, the model's values, megatron's tensor-parallel split); return the
+    layout and batching strategy."""
     check_keys(cfg)
+    check_integers(cfg)
     layout = layout_of(cfg)
+    dims = model_dims(cfg.model)
+    check_tensor_parallel(dims, layout.tp)
     runtime = {}
     if OmegaConf.select(cfg, "batching.balance") == Balance.flops:
         # The same cost model that plan mode's sim/* and the flops metrics use.
-        runtime["flops_coefficients"] = flops_coefficients(model_dims(cfg.model))
+        runtime["flops_coefficients"] = flops_coefficients(dims)
     strategy = build(cfg.batching, layout=layout, **runtime)
     strategy.check_step_size(strategy.global_batch_size)
     group = OmegaConf.select(cfg, "data.n_samples_per_prompt")
+    if isinstance(group, int) and group < 1:
+        raise SlimeHydraError(
+            f"data.n_samples_per_prompt={group} must be a positive integer (samples per prompt)."
+        )
     if group is not None and strategy.global_batch_size % group:
         raise SlimeHydraError(
             f"batching.global_batch_size={strategy.global_batch_size} is not a multiple of "

@@ -8,7 +8,7 @@ resume comparison, all before anything is written.
   metrics.jsonl or checkpoints) unless it resumes; a resume compares the dir's config.yaml
   with the new config key by key and refuses a change to anything but the keys listed below.
 - `write_run_files` writes config.yaml, schedule.json and Hydra's `.hydra/` snapshot only after
-  every check passed, each atomically (temporary name, then rename).
+  every check passed, as one set (slime_hydra.files: complete or absent, no symlink followed).
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import make_dirs, open_append, read_text, refuse_links, write_files
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +43,10 @@ closing line read it)."""
 
 LOCK_FILE = ".lock"
 """The lock a run takes on its dir before anything else (RunDirLock)."""
+
+SWEEP_JOBS = "sweep_jobs.jsonl"
+"""In a sweep dir: one line per job as it starts and one as it ends (`failed`: refused, or
+failed in training), appended by each job's app (any launcher), read by the sweep's line."""
 
 RUN_FILES = ("config.yaml", "schedule.json", "metrics.jsonl", "checkpoints")
 """What makes a dir hold a run: any of these."""
@@ -75,15 +82,8 @@ class RunDirError(SlimeHydraError):
     even an error.txt in a sweep."""
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` by rename, so no reader (or crash) sees half a file."""
-    _atomic_write(path, lambda tmp: tmp.write_text(text))
+def _read_fd(fd: int) -> bytes:
+    return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
 class RunDirLock:
@@ -101,21 +101,25 @@ class RunDirLock:
     def acquire(self) -> RunDirLock:
         """Take the lock or raise a RunDirError naming the process that holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            refuse_links(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except SlimeHydraError as exc:
+            raise RunDirError(str(exc)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = _read_fd(fd).decode(errors="replace").strip() or "unknown"
             os.close(fd)
             if exc.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
-            holder = self.path.read_text().strip() or "unknown"
             raise RunDirError(
                 f"run dir {self.path.parent} is in use by another run (pid {holder}, which "
                 f"holds {self.path}); two runs must not share a run dir. Wait for it to end, "
                 "or pass a different hydra.run.dir."
             ) from None
         self._fd = fd
-        self._before = self.path.read_bytes()
+        self._before = _read_fd(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return self
@@ -129,6 +133,64 @@ class RunDirLock:
             os.pwrite(self._fd, self._before, 0)
         os.close(self._fd)
         self._fd = None
+
+
+def make_run_dir(path: Path, key: str) -> None:
+    """Create the dir `key` (hydra.run.dir or hydra.sweep.dir) names, or raise our error saying
+    why it cannot be one: a file, under a file, a name too long, no permission, a full disk."""
+    why = {
+        errno.EEXIST: "it is a file, not a directory",
+        errno.ENOTDIR: "a part of it is a file, not a directory",
+        errno.ENAMETOOLONG: "the path (or one of its names) is too long for the file system",
+        errno.EACCES: "this user may not create or write it",
+        errno.EPERM: "this user may not create or write it",
+        errno.EROFS: "it is on a read-only file system",
+        errno.ENOSPC: "the disk is full",
+    }
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable")
+    except OSError as exc:
+        reason = why.get(exc.errno, exc.strerror or type(exc).__name__)
+        if os.path.isfile(path):  # os.path: False, not an error, for a name too long
+            reason = why[errno.EEXIST]
+        raise SlimeHydraError(
+            f"{key}={path} cannot be a run dir: {reason}. Pass a {key} that is (or can be "
+            "created as) a writable directory."
+        ) from None
+
+
+class RunDirPath(Callback):
+    """Creates the run dir (or a sweep's dir) before Hydra does, so that a path that cannot be
+    one is one paragraph and exit 1 instead of Hydra's traceback (registered in
+    conf/config.yaml under hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create hydra.run.dir or stop with our message."""
+        self._make(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Create hydra.sweep.dir or stop with our message."""
+        self._make(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+    @staticmethod
+    def _make(path: Path, key: str) -> None:
+        try:
+            make_run_dir(path, key)
+        except SlimeHydraError as exc:
+            print(exc, file=sys.stderr, flush=True)
+            sys.exit(1)
+
+
+def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
+    """Append this job's start (`failed` None) or outcome to the sweep dir's SWEEP_JOBS (one
+    short O_APPEND write, so jobs running in parallel never interleave a line)."""
+    entry = {"job": os.path.relpath(job_dir, sweep_dir)}
+    if failed is not None:
+        entry["failed"] = failed
+    with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
+        f.write(json.dumps(entry) + "\n")
 
 
 def holds_run(run_dir: Path) -> list[str]:
@@ -209,14 +271,26 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
             f"trainer.resume=true but run dir {run_dir} holds no run to resume (no config.yaml): "
             "pass the earlier run's hydra.run.dir, or drop trainer.resume."
         )
+    fix = "restore the file or start a new run dir."
     try:
-        old = yaml.safe_load(saved.read_text())
-    except yaml.YAMLError as exc:
+        text = read_text(saved, "the config of the run to resume,", fix)
+    except SlimeHydraError as exc:
+        raise RunDirError(str(exc)) from None
+    try:
+        old = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else "nested too deep"
         raise RunDirError(
-            f"{saved} is not readable YAML ({str(exc).splitlines()[0]}), so this resume cannot be "
-            "checked against the run it continues; restore the file or start a new run dir."
+            f"{saved} is not readable YAML ({first}), so this resume cannot be checked against "
+            "the run it continues; " + fix
         ) from None
-    diff = diff_configs(old if isinstance(old, Mapping) else {}, config)
+    if not isinstance(old, Mapping) or not old:
+        what = "is empty" if old is None or old == {} else f"holds a {type(old).__name__}"
+        raise RunDirError(
+            f"{saved} {what}, not the config of a run, so this resume cannot be checked against "
+            "the run it continues; " + fix
+        )
+    diff = diff_configs(old, config)
     if diff.refused:
         raise RunDirError(
             f"trainer.resume=true refused: the new config changes {len(diff.refused)} key(s) "
@@ -230,19 +304,42 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
     return diff.applied
 
 
-def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: Any) -> None:
+def write_run_files(run_dir: Path, cfg: DictConfig, schedule_json: dict, hydra: Any) -> list[Path]:
     """config.yaml, schedule.json and, when Hydra runs the job, `.hydra/` (config.yaml,
-    hydra.yaml, overrides.yaml, as Hydra would have written them itself)."""
+    hydra.yaml, overrides.yaml, as Hydra would have written them itself); returns them."""
     run_dir = Path(run_dir)
-    atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    atomic_write_text(run_dir / "schedule.json", json.dumps(schedule_json))
+    files: dict[Path, str] = {
+        run_dir / "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+        run_dir / "schedule.json": json.dumps(schedule_json),
+    }
     if hydra is not None:
         out = run_dir / ".hydra"
-        out.mkdir(exist_ok=True)
-        atomic_write_text(out / "config.yaml", OmegaConf.to_yaml(cfg))
-        atomic_write_text(out / "hydra.yaml", OmegaConf.to_yaml({"hydra": hydra}))
+        make_dirs(out, run_dir)
         overrides = OmegaConf.to_container(hydra.overrides.task)
-        atomic_write_text(out / "overrides.yaml", OmegaConf.to_yaml(overrides))
+        files[out / "config.yaml"] = OmegaConf.to_yaml(cfg)
+        files[out / "hydra.yaml"] = OmegaConf.to_yaml({"hydra": hydra})
+        files[out / "overrides.yaml"] = OmegaConf.to_yaml(overrides)
+    try:
+        write_files(files, run_dir)
+    except BaseException:
+        hydra_dir = run_dir / ".hydra"
+        if hydra is not None and hydra_dir.is_dir() and not any(hydra_dir.iterdir()):
+            hydra_dir.rmdir()  # absent, as the files it was made for
+        raise
     stale = run_dir / ERROR_FILE
     if stale.is_file():  # a refused attempt's note; this run owns the dir now
         stale.unlink()
+    return list(files)
+
+
+def discard_run_files(run_dir: Path, written: list[Path]) -> None:
+    """Remove what a fresh run wrote (`written`, and an empty metrics.jsonl) when it failed
+    before its first step, so that the dir holds no run and a corrected rerun can take it."""
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file() and not metrics.is_symlink() and metrics.stat().st_size == 0:
+        metrics.unlink()
+    for path in written:
+        path.unlink(missing_ok=True)
+    hydra = Path(run_dir) / ".hydra"
+    if hydra.is_dir() and not hydra.is_symlink() and not any(hydra.iterdir()):
+        hydra.rmdir()

@@ -3,31 +3,35 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from slime_hydra.report.rundir import failed_jobs, sweep_jobs
-from slime_hydra.rundir import ERROR_FILE
+from slime_hydra.report.rundir import sweep_outcomes
+from slime_hydra.rundir import ERROR_FILE, SWEEP_JOBS
 
 MAX_NAMED = 3
 """Failed jobs named one by one in the line; beyond, the line points at the sweep dir."""
 
 
-def sweep_line(sweep_dir: Path) -> str:
-    """`sweep: N jobs, F failed (see ...)` for the job dirs under `sweep_dir`: a job that
-    logged no metrics failed; each one's error.txt (or dir, if it wrote none) is named."""
+def sweep_line(sweep_dir: Path, offset: int = 0) -> str:
+    """`sweep: N jobs, F failed (see ...)` for the jobs that reported to the sweep dir's
+    sweep_jobs.jsonl past `offset` (where this sweep began): a job that ended failed (refused,
+    or failed in training) or never ended (killed) failed; each one's error.txt (or dir, if it
+    wrote none) is named."""
     if not sweep_dir.is_dir():
         return f"sweep: 0 jobs ({sweep_dir} does not exist)"
-    ran, failed = sweep_jobs(sweep_dir), failed_jobs(sweep_dir)
-    head = f"sweep: {len(ran) + len(failed)} jobs, {len(failed)} failed"
+    outcomes = sweep_outcomes(sweep_dir, offset)
+    failed = [sweep_dir / job for job, ok in outcomes.items() if not ok]
+    head = f"sweep: {len(outcomes)} jobs, {len(failed)} failed"
     if not failed:
         return f"{head} ({sweep_dir})"
     if len(failed) > MAX_NAMED:
         return f"{head} (see {sweep_dir}/*/{ERROR_FILE})"
-    where = [job.path / ERROR_FILE if job.has_error_file else job.path for job in failed]
+    where = [job / ERROR_FILE if (job / ERROR_FILE).is_file() else job for job in failed]
     return f"{head} (see {', '.join(map(str, where))})"
 
 
@@ -35,6 +39,27 @@ class SweepSummary(Callback):
     """Prints sweep_line once every job of a multirun has returned; the launcher (basic,
     joblib, submitit) ran the jobs wherever it did, so the count is read from the sweep dir."""
 
+    def __init__(self) -> None:
+        self._offset = 0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Note the jobs an earlier sweep left in the sweep dir, and keep its multirun.yaml
+        (Hydra would overwrite it with this sweep's) as multirun.K.yaml."""
+        sweep_dir = Path(config.hydra.sweep.dir)
+        jobs = sweep_dir / SWEEP_JOBS
+        self._offset = jobs.stat().st_size if jobs.is_file() else 0
+        old = sweep_dir / "multirun.yaml"
+        if old.is_file() and not old.is_symlink():
+            k = 1
+            while os.path.lexists(sweep_dir / f"multirun.{k}.yaml"):
+                k += 1
+            os.rename(old, sweep_dir / f"multirun.{k}.yaml")
+            print(
+                f"sweep: {sweep_dir} held an earlier sweep; its multirun.yaml is now "
+                f"multirun.{k}.yaml",
+                flush=True,
+            )
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Print the count line (stdout: after the jobs, logging is the last job's)."""
-        print(sweep_line(Path(config.hydra.sweep.dir)), flush=True)
+        print(sweep_line(Path(config.hydra.sweep.dir), self._offset), flush=True)

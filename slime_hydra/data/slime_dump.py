@@ -26,35 +26,16 @@ from slime_hydra.errors import SlimeHydraError
 
 _MISSING = object()
 
-DANGEROUS_MODULES = frozenset(
-    {
-        "os",
-        "posix",
-        "nt",
-        "subprocess",
-        "sys",
-        "builtins",
-        "__builtin__",
-        "shutil",
-        "socket",
-        "importlib",
-        "runpy",
-        "pty",
-        "code",
-        "eval",
-        "exec",
-        "webbrowser",
-        "ctypes",
-        "marshal",
-    }
-)
-"""Modules whose functions a pickle calls to run code; a dump that needs one is refused outright."""
-
 
 def _is_tensor(value: object) -> bool:
     """A torch.Tensor; without torch imported (it is, by `_read`) nothing can be one."""
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _bool() -> object:
+    """torch.bool (torch is imported by then: `_is_tensor` was true)."""
+    return sys.modules["torch"].bool
 
 
 @dataclass(frozen=True)
@@ -63,12 +44,15 @@ class SlimeDump:
 
     path: str
     trust_pickle: bool = False
-    """Allow full unpickling (can run arbitrary code): only for files you trust."""
+    """Full unpickling, which runs whatever code the file names: only for a file you wrote.
+    By default the file loads weights-only, an allowlist of tensors and plain containers."""
     reward_key: str | None = None
     """Which entry of a dict-valued reward to train on."""
 
     def _read(self) -> object:
-        """The file's object, unpickling arbitrary classes only when the user trusts the file."""
+        """The file's object through torch's weights-only allowlist (tensors, numbers, strings,
+        lists, dicts); anything the file names beyond it is refused, not loaded, unless the user
+        asked for full unpickling."""
         if not Path(self.path).is_file():
             raise SlimeHydraError(
                 f"slime dump {self.path!r} does not exist or is not a file; check data.path."
@@ -81,17 +65,11 @@ class SlimeDump:
             needs = re.search(r"GLOBAL ([\w.]+)", str(err))
             if needs is None or self.trust_pickle:
                 raise self._unreadable(err) from None
-            name = needs.group(1)
-            if name.split(".")[0] in DANGEROUS_MODULES:
-                raise SlimeHydraError(
-                    f"slime dump {self.path!r} asks the unpickler to call {name}, which no "
-                    "rollout dump needs: the file may be malicious, and it was not loaded. "
-                    "Regenerate it with slime's --save-debug-rollout-data."
-                ) from None
             raise SlimeHydraError(
-                f"slime dump {self.path!r} holds a {name} object, which weights-only loading "
-                "refuses because unpickling it could run code; it was not loaded. Only for a dump "
-                "your own slime run wrote may data.trust_pickle=true load it fully."
+                f"slime dump {self.path!r} names {needs.group(1)}, which is not a tensor or a "
+                "plain container (numbers, strings, lists, dicts): unpickling it would call it, "
+                "so nothing of the file was loaded or run. A rollout dump needs nothing else; "
+                "regenerate it with slime's --save-debug-rollout-data."
             ) from None
         except Exception as err:  # torch raises RuntimeError/EOFError/... for a damaged file
             raise self._unreadable(err) from None
@@ -147,8 +125,13 @@ class SlimeDump:
 
     def _finite_scalar(self, value: object, i: int, name: str) -> float:
         """A single finite number (a Python/numpy number or one-element 0-d tensor)."""
+        if isinstance(value, bool | np.bool_) or (_is_tensor(value) and value.dtype is _bool()):
+            raise SlimeHydraError(
+                f"slime dump {self.path!r}: sample {i} {name}={value!r} is a boolean; expected a "
+                "number (write True/False rewards as 1.0/0.0)."
+            )
         arr = self._array(value, i, name, np.float64)
-        if arr.ndim != 0 or isinstance(value, bool):
+        if arr.ndim != 0:
             raise SlimeHydraError(
                 f"slime dump {self.path!r}: sample {i} {name} has shape {list(arr.shape)}; "
                 "expected a scalar (a dict reward needs data.reward_key)."
@@ -234,6 +217,12 @@ class SlimeDump:
             mask = self._per_response(
                 self._field(s, i, "loss_mask", default=np.ones(r)), r, i, "loss_mask"
             )
+            if not np.isin(mask, (0.0, 1.0)).all():
+                j = int(np.flatnonzero(~np.isin(mask, (0.0, 1.0)))[0])
+                raise SlimeHydraError(
+                    f"slime dump {self.path!r}: sample {i} loss_mask[{j}]={mask[j]} is not 0 or 1; "
+                    "a loss mask selects response tokens, it does not weight them."
+                )
             if s.get("remove_sample"):
                 mask = np.zeros(r)
             adv = self._field(s, i, "advantages", "advantage", default=None)

@@ -24,6 +24,7 @@ from typing import Any
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import json_lines
 
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
@@ -37,18 +38,25 @@ def _records(path: Path) -> Iterator[tuple[str, Any]]:
             raise SlimeHydraError(f"{path}: not a readable Parquet file ({exc}).") from None
         yield from ((f"{path} row {r}", row) for r, row in enumerate(rows))
         return
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    yield f"{path}:{lineno}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SlimeHydraError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
+    yield from json_lines(path)
+
+
+def _encodable(text: str, at: str, field: str) -> str:
+    """`text` if it is valid Unicode (JSON's \\ud800 escapes decode to lone surrogates, which no
+    tokenizer encodes), else our error naming the record and field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SlimeHydraError(
+            f"{at}: {field} holds {text[exc.start]!r} at character {exc.start}, a lone UTF-16 "
+            "surrogate that is not text (the tokenizer cannot encode it); fix the record."
+        ) from None
+    return text
 
 
 def _messages(prompt: Any, at: str) -> list[dict[str, str]]:
     if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
+        return [{"role": "user", "content": _encodable(prompt, at, "prompt")}]
     if (
         isinstance(prompt, list)
         and prompt
@@ -59,7 +67,13 @@ def _messages(prompt: Any, at: str) -> list[dict[str, str]]:
             for m in prompt
         )
     ):
-        return prompt
+        return [
+            {
+                "role": _encodable(m["role"], at, "role"),
+                "content": _encodable(m["content"], at, "prompt"),
+            }
+            for m in prompt
+        ]
     raise SlimeHydraError(
         f"{at}: prompt must be a string or a non-empty list of {{role, content}} messages."
     )
@@ -124,7 +138,8 @@ class TextRollouts:
             else:
                 text = "".join(m["content"] for m in messages)
                 prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-            response_ids = tokenizer(record["response"], add_special_tokens=False)["input_ids"]
+            response = _encodable(record["response"], at, "response")
+            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
             if self.append_eos:
                 response_ids = [*response_ids, eos]
             if not response_ids:

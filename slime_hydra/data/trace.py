@@ -9,8 +9,7 @@ Tokens are not part of a trace: a trainer synthesises them from the lengths.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import json_lines
 
 INT64 = (-(2**63), 2**63 - 1)
 
@@ -58,6 +58,11 @@ def records_to_batch(records: Iterable[tuple[str, object]], source: Path) -> Rol
         total.append(n)
         has_response = record.get("response_length") is not None
         response.append(_positive_int(record, "response_length", at) if has_response else n)
+        if response[-1] > n:
+            raise SlimeHydraError(
+                f"{at}: response_length={response[-1]} is more than total_length={n}; the "
+                "response is part of the sample's tokens, so it cannot be longer than all of them."
+            )
         group = record.get("group")
         groups.append(None if group is None else integer(group, "group", at))
         step = record.get("step")
@@ -84,7 +89,8 @@ def _fill_groups(groups: list[int | None], source: Path) -> np.ndarray:
     explicit id so that none collides with one (e.g. with an explicit group -1)."""
     explicit = [g for g in groups if g is not None]
     first = max(explicit, default=-1) + 1
-    if first + len(groups) - len(explicit) > INT64[1]:
+    ungrouped = len(groups) - len(explicit)
+    if ungrouped and first + ungrouped - 1 > INT64[1]:
         raise SlimeHydraError(
             f"{source}: some records have no group and the explicit group ids reach {first - 1}, "
             "leaving no free id for them; give every record a group or use smaller ids."
@@ -99,20 +105,10 @@ class JsonlTrace:
 
     path: str
 
-    def _records(self, path: Path) -> Iterator[tuple[str, object]]:
-        with path.open() as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield f"{path}:{lineno}", json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise SlimeHydraError(f"{path}:{lineno}: not valid JSON ({exc.msg}).") from None
-
     def load(self) -> RolloutBatch:
         """Parse the file, naming file and line of the first bad record."""
         path = _existing(self.path)
-        return records_to_batch(self._records(path), path)
+        return records_to_batch(json_lines(path), path)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ name rather than loaded into a model that computes something else.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import parse_json, read_text
 
 ARCHITECTURES = ("Qwen2ForCausalLM",)
 """HF architectures `model=hf` loads (Qwen2, Qwen2.5 and their Coder/Math variants)."""
@@ -37,9 +37,11 @@ def read_safetensors_header(path: Path) -> dict[str, dict[str, Any]]:
             (size,) = struct.unpack("<Q", f.read(8))
             if size > 100 * 2**20:
                 raise ValueError(f"a {size}-byte header")
-            header = json.loads(f.read(size))
+            header = parse_json(f.read(size).decode("utf-8"), f"{path} (its header)")
     except (OSError, ValueError, struct.error) as exc:
         raise SlimeHydraError(f"{path} is not a readable safetensors file ({exc}).") from None
+    if not isinstance(header, dict):
+        raise SlimeHydraError(f"{path} is not a safetensors file: its header is not an object.")
     header.pop("__metadata__", None)
     return header
 
@@ -66,10 +68,8 @@ class HfCheckpoint:
                 f"model.path={str(path)!r} has no config.json, so the model's dims are unknown; "
                 "point model.path at the dir that transformers' save_pretrained wrote."
             )
-        try:
-            config = json.loads(file.read_text())
-        except (OSError, ValueError) as exc:
-            raise SlimeHydraError(f"{file} is not valid JSON ({exc}).") from None
+        fix = "point model.path at the dir that transformers' save_pretrained wrote."
+        config = parse_json(read_text(file, "the checkpoint's config", fix), str(file))
         if not isinstance(config, dict):
             raise SlimeHydraError(f"{file} holds {type(config).__name__}, not a JSON object.")
         ckpt = cls(root, config)
@@ -123,29 +123,53 @@ class HfCheckpoint:
     @property
     def rope_theta(self) -> float:
         theta = self.rope_parameters.get("rope_theta", self.config.get("rope_theta"))
-        return float(theta if theta is not None else 10000.0)
+        return self.positive("rope_theta", theta if theta is not None else 10000.0)
 
     @property
     def tied(self) -> bool:
         return bool(self.config.get("tie_word_embeddings", False))
 
+    def count(self, key: str, default: int | None = None) -> int:
+        """config.json's `key` as a positive integer (required unless `default`); a float, a
+        string or a number below 1 is refused, never rounded."""
+        value = self.get(key, required=default is None)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+            raise SlimeHydraError(
+                f"{self.where}: {key}={value!r} is not a positive integer; a model dim is a "
+                "whole count. Fix the checkpoint's config.json."
+            )
+        return value
+
+    def positive(self, key: str, value: Any) -> float:
+        """A finite number above 0 read from config.json's `key`."""
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not 0 < value < float("inf"):
+            raise SlimeHydraError(
+                f"{self.where}: {key}={value!r} is not a finite number above 0; fix the "
+                "checkpoint's config.json."
+            )
+        return float(value)
+
     def dims(self) -> dict[str, Any]:
         """The conf/model mapping (ModelDims fields) this config.json describes."""
-        hidden = int(self.get("hidden_size", required=True))
-        heads = int(self.get("num_attention_heads", required=True))
+        hidden = self.count("hidden_size")
+        heads = self.count("num_attention_heads")
         head_dim = self.config.get("head_dim")
+        if head_dim is not None:
+            head_dim = self.count("head_dim")
         return {
             "name": self.path.resolve().name,
-            "num_layers": int(self.get("num_hidden_layers", required=True)),
+            "num_layers": self.count("num_hidden_layers"),
             "hidden_size": hidden,
-            "ffn_hidden_size": int(self.get("intermediate_size", required=True)),
+            "ffn_hidden_size": self.count("intermediate_size"),
             "num_attention_heads": heads,
-            "num_query_groups": int(self.config.get("num_key_value_heads") or heads),
-            "vocab_size": int(self.get("vocab_size", required=True)),
-            "max_position_embeddings": int(self.config.get("max_position_embeddings", 32768)),
-            "kv_channels": None if head_dim in (None, hidden // heads) else int(head_dim),
+            "num_query_groups": self.count("num_key_value_heads", heads),
+            "vocab_size": self.count("vocab_size"),
+            "max_position_embeddings": self.count("max_position_embeddings", 32768),
+            "kv_channels": None if head_dim in (None, hidden // heads) else head_dim,
             "normalization": "RMSNorm",
-            "norm_epsilon": float(self.config.get("rms_norm_eps", 1e-6)),
+            "norm_epsilon": self.positive("rms_norm_eps", self.config.get("rms_norm_eps", 1e-6)),
             "swiglu": True,
             "position_embedding_type": "rope",
             "rotary_base": self.rope_theta,

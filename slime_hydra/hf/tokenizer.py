@@ -35,18 +35,25 @@ def load_tokenizer(path: str) -> Any:
         ) from None
 
 
-def eos_ids(value: Any) -> set[int]:
-    """config.json's eos_token_id: an int, a list of ints, or null."""
+def eos_ids(value: Any, where: str) -> set[int]:
+    """config.json's eos_token_id: an int, a list of ints, or null (anything else is our error
+    naming `where`, never int()-coerced)."""
     if value is None:
         return set()
-    return {int(v) for v in value} if isinstance(value, list) else {int(value)}
+    ids = value if isinstance(value, list) else [value]
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ids):
+        raise SlimeHydraError(
+            f"{where}: eos_token_id={value!r} is not a token id or a list of them; fix the "
+            "checkpoint's config.json."
+        )
+    return set(ids)
 
 
 def check_tokenizer_matches(tokenizer_dir: str, ckpt: HfCheckpoint) -> None:
     """The tokenizer must fit the model's embedding (every id it can produce is a row) and end
     turns with a token the model's config.json knows as end-of-sequence."""
     tokenizer = load_tokenizer(tokenizer_dir)
-    vocab = int(ckpt.config["vocab_size"])
+    vocab = ckpt.count("vocab_size")
     size = len(tokenizer)
     if size > vocab:
         raise SlimeHydraError(
@@ -55,7 +62,7 @@ def check_tokenizer_matches(tokenizer_dir: str, ckpt: HfCheckpoint) -> None:
             "tokenizer belongs to another model. Use the checkpoint's own tokenizer "
             "(data.tokenizer=${model.path}, the default)."
         )
-    model_eos = eos_ids(ckpt.config.get("eos_token_id"))
+    model_eos = eos_ids(ckpt.config.get("eos_token_id"), ckpt.where)
     eos = tokenizer.eos_token_id
     if model_eos and eos is not None and eos not in model_eos:
         raise SlimeHydraError(

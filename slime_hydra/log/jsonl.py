@@ -15,29 +15,52 @@ import os
 from pathlib import Path
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import open_append, parse_json, write_file
 from slime_hydra.log.sink import Metrics
 
 log = logging.getLogger(__name__)
 
 
+def _row(line: bytes) -> tuple[int, str]:
+    """(step, text) of one metrics line, or ValueError saying why it is not a row."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"byte 0x{line[exc.start]:02x} at column {exc.start + 1} is not UTF-8"
+        ) from None
+    try:
+        row = parse_json(text, "the line")
+    except SlimeHydraError as exc:
+        raise ValueError(str(exc).removeprefix("the line: ")) from None
+    step = row.get("step") if isinstance(row, dict) else None
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"its step is {step!r}, not an integer")
+    return step, text
+
+
 def rows_done(path: Path, steps_done: int) -> list[str]:
     """The lines of `path` for steps 1..`steps_done` (the last of any repeated step), in step
-    order; a torn last line is skipped. No file: no rows."""
+    order; a torn last line (also one cut inside a UTF-8 character) is skipped. No file: no
+    rows; a path that is not a readable file is our error."""
     path = Path(path)
-    if not path.is_file():
+    if not os.path.lexists(path):
         return []
-    lines = path.read_text().splitlines()
+    fix = "repair or remove it, or start a new run dir."
+    if path.is_symlink() or not path.is_file():
+        raise SlimeHydraError(f"{path} is not a regular file (a dir or a link?); " + fix)
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise SlimeHydraError(f"{path} cannot be read ({exc.strerror}); " + fix) from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     by_step: dict[int, str] = {}
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            step = row["step"] if isinstance(row, dict) else None
-            if isinstance(step, bool) or not isinstance(step, int):
-                raise ValueError(f"its step is {step!r}, not an integer")
-        except (json.JSONDecodeError, KeyError, ValueError) as exc:
+            step, text = _row(line)
+        except ValueError as exc:
             if i == last:
                 log.warning("%s:%d: dropping a torn last line (%s)", path, i + 1, exc)
                 continue
@@ -47,7 +70,7 @@ def rows_done(path: Path, steps_done: int) -> list[str]:
                 "start a new run dir."
             ) from None
         if step <= steps_done:
-            by_step[step] = line
+            by_step[step] = text
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -59,10 +82,8 @@ class JsonlSink:
         self.path = Path(path)
         kept = rows_done(self.path, steps_done)
         if kept or self.path.exists():
-            tmp = self.path.with_name(f".{self.path.name}.tmp")
-            tmp.write_text("".join(f"{line}\n" for line in kept))
-            os.replace(tmp, self.path)
-        self._file = self.path.open("a")
+            write_file(self.path, "".join(f"{line}\n" for line in kept), self.path.parent)
+        self._file = open_append(self.path, self.path.parent)
 
     def log(self, metrics: Metrics) -> None:
         """Write one line and flush it."""

@@ -19,6 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from slime_hydra.files import write_file
 from slime_hydra.log.sink import Metrics, RunInfo
 from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule, breaks_cap
@@ -32,16 +33,13 @@ TABLE_COLUMNS = ("step", "rank", "microbatch", "samples", "tokens", "cap", "over
 def stored_run_id(run_dir: Path) -> str | None:
     """The wandb run id kept in the run dir by an earlier attempt of this run, if any."""
     path = Path(run_dir) / "wandb" / "run_id"
-    text = path.read_text().strip() if path.is_file() else ""
+    text = path.read_bytes().decode(errors="replace").strip() if path.is_file() else ""
     return text or None
 
 
 def store_run_id(run_dir: Path, run_id: str) -> None:
     """Keep the run id (in the wandb dir that wandb.init made) for later attempts."""
-    path = Path(run_dir) / "wandb" / "run_id"
-    tmp = path.with_name(".run_id.tmp")
-    tmp.write_text(f"{run_id}\n")
-    os.replace(tmp, path)
+    write_file(Path(run_dir) / "wandb" / "run_id", f"{run_id}\n", Path(run_dir))
 
 
 class WandbSink:

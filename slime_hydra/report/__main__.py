@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slime_hydra.errors import SlimeHydraError
 from slime_hydra.report.plots import plot_run, plot_sweep
 from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
 
@@ -65,8 +66,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     for path in args.dirs:
+        if not path.is_dir():
+            what = "does not exist" if not path.exists() else "is not a directory"
+            raise SystemExit(f"{path} {what}: give a run dir or a sweep (multirun) dir.")
         out = args.out / path.resolve().name if args.out is not None else None
-        done = report(path, out)
+        try:
+            done = report(path, out)
+        except SlimeHydraError as exc:
+            raise SystemExit(str(exc)) from None
         for written in done.written:
             print(written)
         if done.failed:

@@ -4,12 +4,16 @@ numbers that summarise a run are slime_hydra/log/summary.py's, shared with the w
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import parse_json, read_text
+from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import Metrics
 from slime_hydra.log.summary import run_summary
-from slime_hydra.rundir import ERROR_FILE, LOCK_FILE
+from slime_hydra.rundir import ERROR_FILE, LOCK_FILE, SWEEP_JOBS
 from slime_hydra.schedule import Schedule
 
 __all__ = [
@@ -17,6 +21,7 @@ __all__ = [
     "RunDir",
     "failed_jobs",
     "is_run_dir",
+    "job_dirs",
     "read_schedule",
     "run_summary",
     "sweep_jobs",
@@ -28,9 +33,18 @@ a job that runs writes metrics.jsonl, one that is refused writes error.txt."""
 
 
 def read_schedule(run_dir: Path) -> Schedule | None:
-    """The run dir's schedule.json, or None if it has none."""
+    """The run dir's schedule.json, or None if it has none; our error if it is damaged."""
     path = run_dir / "schedule.json"
-    return Schedule.from_json(json.loads(path.read_text())) if path.exists() else None
+    if not path.exists():
+        return None
+    fix = "the run's schedule cannot be plotted; restore the file or remove it."
+    data = parse_json(read_text(path, "schedule", fix), str(path))
+    try:
+        return Schedule.from_json(data)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise SlimeHydraError(
+            f"{path} is not a schedule ({type(exc).__name__}: {exc}); " + fix
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -49,8 +63,8 @@ class RunDir:
     @classmethod
     def read(cls, path: Path) -> RunDir:
         """Read metrics.jsonl and schedule.json of `path`."""
-        lines = (path / "metrics.jsonl").read_text().splitlines()
-        return cls(path, [json.loads(line) for line in lines if line], read_schedule(path))
+        rows = rows_done(path / "metrics.jsonl", steps_done=2**63 - 1)
+        return cls(path, [json.loads(line) for line in rows], read_schedule(path))
 
 
 @dataclass(frozen=True)
@@ -77,7 +91,8 @@ class FailedJob:
         if not error_file.is_file():
             note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
             return cls(path, note)
-        lines = [line.strip() for line in error_file.read_text().splitlines() if line.strip()]
+        text = error_file.read_bytes().decode(errors="replace")
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
         return cls(path, lines[0] if lines else "error.txt is empty")
 
 
@@ -86,23 +101,61 @@ def is_run_dir(path: Path) -> bool:
     return (path / "metrics.jsonl").is_file()
 
 
-def _job_dirs(path: Path) -> list[Path]:
-    """Every job dir directly under a sweep dir, in job-number order (Hydra's `N_overrides`)."""
-
-    def job_number(p: Path) -> tuple[int, str]:
-        head = p.name.split("_", 1)[0]
-        return (int(head) if head.isdigit() else 1 << 30, p.name)
-
-    jobs = (p for p in path.iterdir() if any((p / mark).exists() for mark in JOB_MARKS))
-    return sorted(jobs, key=job_number)
+def job_ran(path: Path) -> bool:
+    """A sweep job that logged metrics and recorded no failure (a job that failed in training
+    has metrics and an error.txt)."""
+    return is_run_dir(path) and not (path / ERROR_FILE).is_file()
 
 
-def sweep_jobs(path: Path) -> list[Path]:
-    """The run dirs (jobs that logged metrics) directly under a sweep dir, in job-number order."""
-    return [p for p in _job_dirs(path) if is_run_dir(p)]
+def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> dict[str, bool]:
+    """Job dir (relative to the sweep dir) → whether it succeeded, from the sweep dir's
+    sweep_jobs.jsonl past `offset`, in order of start; a job that started and never ended (its
+    process was killed) failed. A torn or undecodable line (a job killed mid-write) is skipped."""
+    path = sweep_dir / SWEEP_JOBS
+    if not path.is_file():
+        return {}
+    with path.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().splitlines()
+    outcomes: dict[str, bool] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            job = entry["job"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        outcomes[job] = entry.get("failed") is False
+    return outcomes
 
 
-def failed_jobs(path: Path) -> list[FailedJob]:
-    """The jobs under a sweep dir that logged no metrics (refused: error.txt; or stopped
-    before their first step), in job-number order."""
-    return [FailedJob.read(p) for p in _job_dirs(path) if not is_run_dir(p)]
+def job_number(path: Path, sweep: Path) -> tuple[int, str]:
+    """The sort key of a job dir: Hydra's job number (its name's `N_` head), then its path."""
+    rel = str(path.relative_to(sweep))
+    head = rel.split("_", 1)[0]
+    return (int(head) if head.isascii() and head.isdigit() else 1 << 30, rel)
+
+
+def job_dirs(path: Path) -> list[Path]:
+    """Every job dir under a sweep dir, in job-number order. A swept value holding "/" (a
+    data.path) nests the job's dir below the sweep dir, so the dirs are searched at any depth,
+    but not inside a job dir."""
+    found = []
+    for where, dirs, _ in os.walk(path):
+        at = Path(where)
+        if at != path and any((at / mark).exists() for mark in JOB_MARKS):
+            found.append(at)
+            dirs.clear()
+    return sorted(found, key=lambda p: job_number(p, path))
+
+
+def sweep_jobs(path: Path, jobs: list[Path] | None = None) -> list[Path]:
+    """The run dirs (jobs that logged metrics and recorded no failure) among `jobs` (default:
+    every job dir under the sweep dir), in job-number order."""
+    return [p for p in (job_dirs(path) if jobs is None else jobs) if job_ran(p)]
+
+
+def failed_jobs(path: Path, jobs: list[Path] | None = None) -> list[FailedJob]:
+    """The jobs among `jobs` (default: every job dir under the sweep dir) that failed: refused
+    or failed in training (error.txt), or stopped before their first step, in job-number
+    order."""
+    return [FailedJob.read(p) for p in (job_dirs(path) if jobs is None else jobs) if not job_ran(p)]

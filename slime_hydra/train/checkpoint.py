@@ -1,7 +1,9 @@
 """Checkpoints in <run dir>/checkpoints: one file per rank per saved step, and `latest`.
 
 `step_NNNNNN/rank_RRR.pt` holds that rank's model and optimizer state, its RNG state, the
-number of steps done (NNNNNN), a digest of the schedule and the loop's counters. `latest` names
+number of steps done (NNNNNN), a digest of the schedule, the loop's counters and its identity:
+the rank, the parallel layout and the model's dims, so that a resume refuses a file of another
+rank (two rank files swapped), layout or model before any worker starts. `latest` names
 the last step all ranks finished saving, so a worker killed mid-save leaves the previous
 checkpoint in force.
 
@@ -13,9 +15,9 @@ optimizer on load; `dropped` in the file lists where.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-import os
 import pickle
 import random
 from collections.abc import Mapping
@@ -25,10 +27,24 @@ from typing import Any
 import torch
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.schedule import Schedule
+from slime_hydra.files import make_dirs, parse_count, write_file
+from slime_hydra.schedule import ParallelLayout, Schedule
+from slime_hydra.schedule.cost import ModelDims
 
-FORMAT = 2
-"""Bumped when the file layout changes; version 1 files were full pickles (not loadable)."""
+FORMAT = 3
+"""Bumped when the file layout changes; version 1 files were full pickles (not loadable),
+version 2 files lack the identity (rank, layout, model) that version 3 records."""
+
+IDENTITY_DIMS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "kv_channels",
+)
+"""The model dims that fix the shapes of a rank's weights."""
 
 HYPERPARAMETERS = ("lr", "weight_decay", "max_lr", "min_lr")
 """Optimizer param-group values the run's config sets: a resume keeps the new config's."""
@@ -53,26 +69,27 @@ def schedule_digest(schedule: Schedule) -> str:
     return hashlib.sha256(json.dumps(schedule.to_json()).encode()).hexdigest()[:16]
 
 
+def identity(layout: ParallelLayout, dims: ModelDims) -> dict[str, Any]:
+    """What a rank file must match besides its rank: the layout's sizes and the model's dims."""
+    model = {k: v for k, v in dataclasses.asdict(dims).items() if k in IDENTITY_DIMS}
+    return {"layout": dataclasses.asdict(layout), "dims": model}
+
+
 def latest_step(run_dir: Path) -> int | None:
     """Steps done at the last complete checkpoint, or None when there is none."""
     path = checkpoint_root(run_dir) / "latest"
-    if not path.is_file():
+    if not path.exists():
         return None
-    text = path.read_bytes()[:64].decode(errors="replace").strip()
-    if not text.isdigit() or int(text) < 1:
+    data = path.read_bytes()[:64] if path.is_file() else b"(not a file)"
+    text = data.decode(errors="replace").strip()
+    count = parse_count(text)
+    if count is None or count < 1:
         raise SlimeHydraError(
             f"{path} holds {text!r}, not a step count: it should name the last complete "
             f"checkpoint (a step_NNNNNN dir under {path.parent}). Write that number into it, "
             "or remove the checkpoints dir to start over."
         )
-    return int(text)
-
-
-def _write_atomic(path: Path, write: Any) -> None:
-    """Write to a temporary name, then rename, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
+    return count
 
 
 def plain(obj: Any, where: Path_ = (), dropped: list[Path_] | None = None) -> Any:
@@ -124,13 +141,15 @@ def save(
     model: torch.nn.Module,
     optimizer: Any,
     digest: str,
+    ident: Mapping[str, Any],
     counters: Mapping[str, int] | None = None,
 ) -> None:
-    """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`)."""
+    """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`);
+    `ident` is `identity(layout, dims)` of the run."""
     from slime_hydra.train.optimizer import checkpoint_state
 
     path = rank_file(run_dir, steps_done, rank)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, run_dir)
     weights = model.state_dict()
     not_tensors: list[Path_] = []
     plain(weights, ("model",), not_tensors)
@@ -141,6 +160,8 @@ def save(
         "format": FORMAT,
         "steps_done": steps_done,
         "schedule": digest,
+        "rank": rank,
+        **ident,
         "counters": dict(counters or {}),
         "model": weights,
         "optimizer": plain(checkpoint_state(optimizer), (), dropped),
@@ -148,20 +169,23 @@ def save(
         "python_rng": random.getstate(),
         "dropped": [list(p) for p in dropped],
     }
-    _write_atomic(path, lambda tmp: torch.save(state, tmp))
+    write_file(path, lambda f: torch.save(state, f), run_dir)
 
 
 def mark_latest(run_dir: Path, steps_done: int) -> None:
     """Point `latest` at a checkpoint every rank has saved (rank 0, after a barrier)."""
-    _write_atomic(
-        checkpoint_root(run_dir) / "latest", lambda tmp: tmp.write_text(f"{steps_done}\n")
-    )
+    write_file(checkpoint_root(run_dir) / "latest", f"{steps_done}\n", run_dir)
 
 
 def read(path: Path, mmap: bool = False) -> dict[str, Any]:
     """A rank file's state, loaded with weights_only=True; a clear error for a file that is
     missing, truncated, not a checkpoint, or that needs a full unpickler (which could run code)."""
     fix = f"Point {path.parents[1] / 'latest'} at an earlier complete step, or start a new run dir."
+    if not path.parent.is_dir():
+        raise SlimeHydraError(
+            f"{path.parents[1] / 'latest'} names step {path.parent.name[5:].lstrip('0')}, but "
+            f"{path.parent} does not exist: latest points at no saved checkpoint. " + fix
+        )
     if not path.is_file():
         raise SlimeHydraError(
             f"{path} is missing: the checkpoint was saved by fewer ranks; resume with the same "
@@ -190,10 +214,40 @@ def read(path: Path, mmap: bool = False) -> dict[str, Any]:
     return state
 
 
-def verify(run_dir: Path, world_size: int, digest: str) -> int | None:
+def _check_identity(path: Path, state: Mapping[str, Any], rank: int, ident: Mapping) -> None:
+    """The rank file at `path` was saved by `rank` of this layout and model."""
+    fix = "resume with the parallel.* and model config that saved it, or start a new run dir."
+    if "rank" not in state:
+        raise SlimeHydraError(
+            f"{path} records no rank, layout or model (an older checkpoint format, "
+            f"{state.get('format')!r}; this one writes {FORMAT}), so a resume cannot check it "
+            "belongs to this rank; start a new run dir."
+        )
+    if state["rank"] != rank:
+        raise SlimeHydraError(
+            f"{path} was saved by rank {state['rank']!r}, not rank {rank}: the rank files were "
+            "swapped or copied between ranks, and training on it would give this rank another "
+            "rank's shards. Put each rank's file back under its own name, or start a new run dir."
+        )
+    for key, group in (("layout", "parallel"), ("dims", "model")):
+        if state.get(key) != ident[key]:
+            changed = sorted(
+                k
+                for k in set(state.get(key) or {}) | set(ident[key])
+                if (state.get(key) or {}).get(k) != ident[key].get(k)
+            )
+            names = ", ".join(
+                f"{group}.{k}: {(state.get(key) or {}).get(k)!r} saved, {ident[key].get(k)!r} now"
+                for k in changed
+            )
+            raise SlimeHydraError(f"{path} was saved by another {group} config: {names}; " + fix)
+
+
+def verify(run_dir: Path, world_size: int, digest: str, ident: Mapping[str, Any]) -> int | None:
     """Check, before any worker starts, that the latest checkpoint is whole and matches: `latest`
-    is a step count, every rank's file loads (weights only, memory-mapped) and was saved after
-    that many steps of this schedule. Returns the steps done (None: no checkpoint)."""
+    is a step count, every rank's file loads (weights only, memory-mapped) and was saved by that
+    rank of this layout and model after that many steps of this schedule. Returns the steps
+    done (None: no checkpoint)."""
     steps_done = latest_step(run_dir)
     if steps_done is None:
         return None
@@ -211,6 +265,7 @@ def verify(run_dir: Path, world_size: int, digest: str) -> int | None:
                 f"the checkpoint in {path.parent} was trained on a different schedule; resume "
                 "with the same data, batching and parallel config (the run dir's config.yaml)."
             )
+        _check_identity(path, state, rank, ident)
         del state
     return steps_done
 
@@ -229,7 +284,12 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) ->
 
 
 def load(
-    run_dir: Path, rank: int, model: torch.nn.Module, optimizer: Any, digest: str
+    run_dir: Path,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    digest: str,
+    ident: Mapping[str, Any],
 ) -> tuple[int, dict[str, int]]:
     """Restore this rank from the latest checkpoint; return the steps done (the next step) and
     the loop's counters. The optimizer keeps the hyperparameters it was built with from the
@@ -244,6 +304,7 @@ def load(
             f"the checkpoint in {path.parent} was trained on a different schedule; resume with "
             "the same data, batching and parallel config (the run dir's config.yaml)."
         )
+    _check_identity(path, state, rank, ident)
     try:
         load_weights(model, state["model"])
     except RuntimeError as exc:

@@ -174,7 +174,10 @@ def save(
     checkpoint as the latest; with `export` (trainer.export_hf), all ranks then write
     <run dir>/hf/ together."""
     run_dir = job.run.run_dir
-    checkpoint.save(run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, counters)
+    ident = checkpoint.identity(job.layout, job.dims)
+    checkpoint.save(
+        run_dir, steps_done, env.rank, engine.model, engine.optimizer, digest, ident, counters
+    )
     dist.barrier()
     if env.rank == 0:
         checkpoint.mark_latest(run_dir, steps_done)

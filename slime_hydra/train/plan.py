@@ -15,6 +15,7 @@ from slime_hydra.schedule.pipeline import simulate_pipeline
 from slime_hydra.schedule.schedule import step_number
 from slime_hydra.train.checks import check_knobs
 from slime_hydra.train.job import Job
+from slime_hydra.train.torchrun import is_rank_zero
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,9 @@ class PlanTrainer:
         """Emit one metrics row per planned step to metrics.jsonl, the logger and the console
         table (plan mode's output, whatever the logger); return the simulated seconds of all
         steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
-        needs more than trainer.memory_limit_gib per GPU."""
-        sink = open_sinks(job.logger, job.run, job.schedule, table=True)
+        needs more than trainer.memory_limit_gib per GPU. Under torchrun only rank 0 logs: it
+        owns (and has locked) the run dir, so no other rank writes into it."""
+        sink = open_sinks(job.logger, job.run, job.schedule, table=True) if is_rank_zero() else None
         total = 0.0
         try:
             for step in job.schedule.steps:
@@ -57,12 +59,14 @@ class PlanTrainer:
                     **job.batch_metrics(step.step),
                     **self.simulate(job, step),
                 }
-                sink.log(metrics)
+                if sink is not None:
+                    sink.log(metrics)
                 broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
                 total += math.inf if broken else metrics["sim/step_s"]
                 total += self.memory_penalty(metrics["step"], metrics["sim/peak_memory_gib"])
         finally:
-            sink.close()
+            if sink is not None:
+                sink.close()
         return total
 
     def memory_penalty(self, step: int, peak_gib: float) -> float:

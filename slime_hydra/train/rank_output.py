@@ -10,6 +10,8 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+from slime_hydra.files import NoFollowFileHandler
+
 OURS = "slime_hydra"
 """The logger every module of ours logs under (`logging.getLogger(__name__)`)."""
 
@@ -50,7 +52,7 @@ def setup_rank_output(rank: int, log_file: Path | None = None, shown: Iterable[s
         fmt = f"[%(asctime)s][rank {rank}][%(name)s][%(levelname)s] - %(message)s"
         logging.basicConfig(format=fmt)
         if rank == 0 and log_file is not None:
-            handler = logging.FileHandler(log_file)
+            handler = NoFollowFileHandler(log_file)
             handler.setFormatter(logging.Formatter(fmt))
             root.addHandler(handler)
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its set-up chatter: DDP config…

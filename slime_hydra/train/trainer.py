@@ -121,10 +121,11 @@ class CpuTrainer:
     def check_resume(self, job: Job) -> None:
         """The latest checkpoint must be whole (every rank's file loads, weights only) and
         belong to this schedule; on a plain resume there must be one."""
-        from slime_hydra.train.checkpoint import checkpoint_root, schedule_digest, verify
+        from slime_hydra.train.checkpoint import checkpoint_root, identity, schedule_digest, verify
 
         run_dir = job.run.run_dir
-        steps_done = verify(run_dir, job.layout.world_size, schedule_digest(job.schedule))
+        digest, ident = schedule_digest(job.schedule), identity(job.layout, job.dims)
+        steps_done = verify(run_dir, job.layout.world_size, digest, ident)
         if steps_done is None and self.resume:
             raise SlimeHydraError(
                 f"trainer.resume=true but {checkpoint_root(run_dir)} holds no checkpoint: pass "

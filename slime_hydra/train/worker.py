@@ -94,7 +94,10 @@ def steps_done(
     if not (trainer.resume or env.restart_count) or checkpoint.latest_step(run_dir) is None:
         return 0, {}
     digest = checkpoint.schedule_digest(job.schedule)
-    done, counters = checkpoint.load(run_dir, env.rank, engine.model, engine.optimizer, digest)
+    ident = checkpoint.identity(job.layout, job.dims)
+    done, counters = checkpoint.load(
+        run_dir, env.rank, engine.model, engine.optimizer, digest, ident
+    )
     if env.rank == 0:
         log.info("Resuming after step %d (restart %d)", done, env.restart_count)
     return done, counters

@@ -3,7 +3,10 @@ traces) from the source, config or trainer check that runs before any worker sta
 
 from __future__ import annotations
 
+import hashlib
 import os
+import subprocess
+import timeit
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,7 @@ import torch
 from slime_hydra.config import check_keys, validate
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.slime_dump import SlimeDump
+from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
@@ -126,17 +130,43 @@ def test_garbage_dump_does_not_invite_trust_pickle(tmp_path):
 
 
 class RunsCode:
+    """A pickle that calls `call(*args)` when loaded (the callables a denylist misses)."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
     def __reduce__(self):
-        return (os.system, ("touch /tmp/slime_hydra_pwned",))
+        return (self.call, self.args)
 
 
-def test_malicious_dump_is_refused_as_such_and_runs_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("call", "args", "named"),
+    [
+        (os.system, ("touch {marker}",), "system"),
+        (timeit.timeit, ("open({marker!r}, 'w')",), "timeit.timeit"),
+        # torch.save's pickle protocol 2 writes it under its Python 2 name.
+        (subprocess.Popen, (["touch", "{marker}"],), "commands.Popen"),
+    ],
+)
+def test_a_dump_naming_any_callable_is_refused_by_the_allowlist_and_runs_nothing(
+    tmp_path, call, args, named
+):
+    marker = tmp_path / "pwned"
+    args = tuple(
+        a.format(marker=str(marker))
+        if isinstance(a, str)
+        else [x.format(marker=str(marker)) for x in a]
+        for a in args
+    )
     path = tmp_path / "rollout_0.pt"
-    torch.save({"rollout_id": 0, "samples": [sample(reward=RunsCode())]}, path)
-    with pytest.raises(SlimeHydraError, match="may be malicious") as err:
+    torch.save({"rollout_id": 0, "samples": [sample(reward=RunsCode(call, *args))]}, path)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(SlimeHydraError, match="which is not a tensor or a plain container") as err:
         SlimeDump(str(path)).load()
-    assert "trust_pickle=true" not in str(err.value)
-    assert not Path("/tmp/slime_hydra_pwned").exists()
+    assert named in str(err.value)
+    assert "trust_pickle" not in str(err.value)
+    assert not marker.exists()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
 
 
 # -- config -----------------------------------------------------------------------------------
@@ -154,11 +184,90 @@ def test_jsonl_without_a_path_says_which_override_to_add(compose_cfg):
         ("+data.num_prompt=4", "data.num_prompt is not a setting.*data.num_prompts"),
         ("+trainer.learning_rate=1", "trainer.learning_rate is not a setting"),
         ("+batching.partitioner.tolerence=1", "Did you mean batching.partitioner.tolerance"),
+        ("+seeds=3", "seeds is not a setting.*Did you mean seed"),
+        ("+iterator.pad=3", "iterator.pad is not a setting.*settings there are: pad_multiple"),
+        ("+iterator.dp_rank=3", "iterator.dp_rank is not a setting"),  # a runtime argument
     ],
 )
 def test_an_added_key_nothing_reads_is_an_error(compose_cfg, override, needle):
     with pytest.raises(SlimeHydraError, match=needle):
         check_keys(compose_cfg(override))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["seed=-1"], "seed=-1 is not a seed numpy and torch accept"),
+        (["seed=4294967296"], "seed=4294967296 is not a seed"),
+        (["batching.max_tokens_per_gpu=99999999999999999999"], "does not fit a 64-bit integer"),
+        (["model.num_layers=0"], "model.num_layers=0 is not a positive integer"),
+        (["model.num_layers=-1"], "model.num_layers=-1 is not a positive integer"),
+        (["model.hidden_size=0"], "model.hidden_size=0 is not a positive integer"),
+        (["model.vocab_size=-5"], "model.vocab_size=-5 is not a positive integer"),
+        (["model.num_attention_heads=0"], "model.num_attention_heads=0 is not a positive"),
+        (["model.num_attention_heads=abc"], "model.num_attention_heads='abc' is not a number"),
+        (["model.norm_epsilon=-1"], "model.norm_epsilon=-1 is not a finite number above 0"),
+        (["parallel.tp=3"], "model.num_attention_heads=4 does not split over parallel.tp=3"),
+        (["data.n_samples_per_prompt=0"], "data.n_samples_per_prompt=0 must be a positive"),
+    ],
+)
+def test_what_the_workers_would_reject_is_refused_before_launch(compose_cfg, overrides, needle):
+    with pytest.raises(SlimeHydraError, match=needle):
+        validate(compose_cfg("trainer=plan", "logger=jsonl", *overrides))
+
+
+def test_a_synthetic_rollout_far_larger_than_memory_is_refused_before_drawing():
+    with pytest.raises(SlimeHydraError, match=r"= 800000000 samples need about 763 GiB to plan"):
+        SyntheticGRPO(num_prompts=100_000_000)
+
+
+def test_an_hf_config_json_with_bad_dims_is_named_never_coerced(tmp_path, compose_cfg):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "qwen2", "hidden_size": 8, "num_attention_heads": "2", '
+        '"num_hidden_layers": 1, "intermediate_size": 16, "vocab_size": 32}'
+    )
+    cfg = compose_cfg("trainer=plan", "logger=jsonl", "model=hf", f"model.path={tmp_path}")
+    needle = "config.json: num_attention_heads='2' is not a positive integer"
+    with pytest.raises(SlimeHydraError, match=needle):
+        validate(cfg)
+    (tmp_path / "config.json").write_text(
+        (tmp_path / "config.json").read_text().replace('"2"', "2").replace("32}", "-5}")
+    )
+    with pytest.raises(SlimeHydraError, match="vocab_size=-5 is not a positive integer"):
+        validate(cfg)
+
+
+def test_a_dump_loss_mask_must_select_not_weight(tmp_path):
+    mask = [0.5, 2, -3, 1, 1]
+    path = dump(tmp_path, sample(loss_mask=mask, response_length=5, rollout_log_probs=[-0.1] * 5))
+    with pytest.raises(SlimeHydraError, match=r"loss_mask\[0\]=0.5 is not 0 or 1"):
+        SlimeDump(path).load()
+
+
+def test_a_boolean_reward_is_named_as_such(tmp_path):
+    with pytest.raises(SlimeHydraError, match="reward=True is a boolean"):
+        SlimeDump(dump(tmp_path, sample(reward=True))).load()
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        (b'{"total_length": 4}\n\xe9\n', ":2: not UTF-8 text (byte 0xe9 at column 1)"),
+        (b"\x1f\x8b\x08\x00", ":1: not UTF-8 text (it is gzip-compressed"),
+        (b"[" * 100000 + b"]" * 100000, ":1: JSON nested deeper than 200 levels"),
+        (b'{"total_length": 4, "response_length": 5}', "response_length=5 is more than total"),
+        (b'{"total_length": 4, "group": 9223372036854775807}', None),
+    ],
+)
+def test_trace_bytes_and_structure_are_named_by_line(tmp_path, data, needle):
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(data)
+    if needle is None:  # the largest int64 group: valid, and no "no free group id" message
+        assert JsonlTrace(str(path)).load().group_ids.tolist() == [2**63 - 1]
+        return
+    with pytest.raises(SlimeHydraError) as err:
+        JsonlTrace(str(path)).load()
+    assert f"{path}{needle}" in str(err.value) or needle in str(err.value)
 
 
 @pytest.mark.parametrize(

@@ -56,8 +56,15 @@ def test_a_second_sweep_into_the_same_sweep_dir_leaves_the_first_whole(tmp_path)
     out = cli(*sweep, f"hydra.sweep.dir={tmp_path}")
     assert out.returncode == 0  # a sweep goes on past failed jobs
     assert (out.stdout + out.stderr).count("already holds a run") == 2
-    assert_untouched(before, tmp_path, ignore=("multirun.yaml",))  # Hydra's own sweep file
+    # Hydra writes this sweep's multirun.yaml; the first sweep's is kept beside it.
+    assert (tmp_path / "multirun.1.yaml").read_bytes() == before["multirun.yaml"]
+    jobs = (tmp_path / "sweep_jobs.jsonl").read_bytes()
+    assert jobs.startswith(before["sweep_jobs.jsonl"])  # the sweep's job records only grow
+    ignore = ("multirun.yaml", "multirun.1.yaml", "sweep_jobs.jsonl")
+    assert_untouched(before, tmp_path, ignore=ignore)
     assert not list(tmp_path.rglob("error.txt"))
+    # Both jobs of this sweep were refused; the first sweep's successes are not counted.
+    assert out.stdout.splitlines()[-1].startswith("sweep: 2 jobs, 2 failed (see ")
 
 
 def test_a_run_into_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
@@ -156,3 +163,57 @@ def test_a_non_finite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpo
     assert f"the last good checkpoint is after step {bad - 1} " in text
     assert (tmp_path / "checkpoints/latest").read_text().strip() == str(bad - 1)
     assert steps(tmp_path) == list(range(1, bad))
+
+
+def test_swapped_rank_files_are_refused_before_launch(run_dir):
+    step = run_dir / "checkpoints/step_000002"
+    (step / "rank_000.pt").rename(step / "swap.pt")
+    (step / "rank_001.pt").rename(step / "rank_000.pt")
+    (step / "swap.pt").rename(step / "rank_001.pt")
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(out, "rank_000.pt was saved by rank 1, not rank 0")
+    assert "Launching" not in text  # refused before any worker started
+    assert_untouched(before, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("middle_line", "metrics.jsonl:1: not a metrics row"),
+        ("non_utf8_middle", "metrics.jsonl:1: not a metrics row (byte 0xff at column 2"),
+        ("a_dir", "metrics.jsonl is not a regular file"),
+        ("empty_config", "config.yaml is empty, not the config of a run"),
+        ("latin1_config", "config.yaml is not UTF-8 text: byte 0xe9"),
+        ("arabic_latest", "holds '٣', not a step count"),
+    ],
+)
+def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_dir, damage, needle):
+    metrics, config = run_dir / "metrics.jsonl", run_dir / "config.yaml"
+    if damage == "middle_line":
+        metrics.write_text('{"step": 1, "train/lo\n' + metrics.read_text().splitlines()[1] + "\n")
+    elif damage == "non_utf8_middle":
+        metrics.write_bytes(b'{\xff"step": 1}\n' + metrics.read_bytes().splitlines()[1] + b"\n")
+    elif damage == "a_dir":
+        metrics.unlink()
+        metrics.mkdir()
+    elif damage == "empty_config":
+        config.write_text("")
+    elif damage == "latin1_config":
+        config.write_bytes(config.read_bytes() + "# café\n".encode("latin-1"))
+    else:
+        (run_dir / "checkpoints/latest").write_text("٣\n")
+    before = snapshot(run_dir)
+    refused(cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true"), needle)
+    assert_untouched(before, run_dir)
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_the_dir_to_a_fixed_rerun(tmp_path):
+    # The last rank exits at the start of step 1: no metrics row, no checkpoint.
+    out = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.fail_at_step=1")
+    assert out.returncode == 1 and "Traceback" not in out.stdout + out.stderr
+    assert sorted(os.listdir(tmp_path)) == [".lock", "slime_hydra.log"]
+    assert (tmp_path / ".lock").read_bytes() == b""
+    again = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.max_steps=1")
+    assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
+    assert steps(tmp_path) == [1]

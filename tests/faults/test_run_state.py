@@ -3,6 +3,7 @@ checkpoints (weights only, checked whole), the non-finite step policy and the fa
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,6 +18,8 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, diff_configs
+from slime_hydra.schedule import ParallelLayout
+from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train import checkpoint
 from slime_hydra.train.launch import failure_report, recorded_failures
 from slime_hydra.train.loop import step_skipped
@@ -132,23 +135,27 @@ def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):
 # -- checkpoints ------------------------------------------------------------------------------
 
 
+DIMS = ModelDims("t", 2, 8, 16, 2, 2, 32, 64)
+IDENT = checkpoint.identity(ParallelLayout(dp=2), DIMS)
+
+
 def saved(run_dir: Path, world: int = 2, digest: str = "d") -> torch.nn.Module:
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     for rank in range(world):
-        checkpoint.save(run_dir, 2, rank, model, opt, digest, {"skipped_steps": 1})
+        checkpoint.save(run_dir, 2, rank, model, opt, digest, IDENT, {"skipped_steps": 1})
     checkpoint.mark_latest(run_dir, 2)
     return model
 
 
 def test_checkpoints_round_trip_weights_only_and_keep_the_new_lr(tmp_path):
     model = saved(tmp_path)
-    assert checkpoint.verify(tmp_path, 2, "d") == 2
+    assert checkpoint.verify(tmp_path, 2, "d", IDENT) == 2
     fresh = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)
-    steps, counters = checkpoint.load(tmp_path, 1, fresh, opt, "d")
+    steps, counters = checkpoint.load(tmp_path, 1, fresh, opt, "d", IDENT)
     assert (steps, counters) == (2, {"skipped_steps": 1})
     assert torch.equal(fresh.weight, model.weight)
     assert opt.param_groups[0]["lr"] == 0.5  # the resumed config's lr applies
@@ -175,6 +182,11 @@ class RunsCode:
         ("crafted", "only a full unpickler could rebuild"),
         ("missing_rank", "rank_001.pt is missing"),
         ("other_schedule", "different schedule"),
+        ("latest_past_the_end", "latest names step 99999999, but"),
+        ("latest_arabic_digit", "holds '٣', not a step count"),
+        ("swapped_ranks", "rank_000.pt was saved by rank 1, not rank 0: the rank files were"),
+        ("other_layout", "parallel config: parallel.dp: 2 saved, 1 now, parallel.tp: 1 saved, 2"),
+        ("other_model", "another model config: model.ffn_hidden_size: 16 saved, 32 now"),
     ],
 )
 def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, damage, needle):
@@ -189,11 +201,26 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
         torch.save({"steps_done": 2, "schedule": "d", "model": RunsCode(), "optimizer": {}}, rank1)
     elif damage == "missing_rank":
         rank1.unlink()
-    else:
+    elif damage == "latest_past_the_end":
+        (tmp_path / "checkpoints/latest").write_text("99999999\n")
+    elif damage == "latest_arabic_digit":
+        (tmp_path / "checkpoints/latest").write_text("٣\n")  # int() reads it as 3
+    elif damage == "swapped_ranks":
+        rank0 = checkpoint.rank_file(tmp_path, 2, 0)
+        data0, data1 = rank0.read_bytes(), rank1.read_bytes()
+        rank0.write_bytes(data1)
+        rank1.write_bytes(data0)
+    elif damage == "other_schedule":
         digest = "other"
+    ident = {
+        "other_layout": checkpoint.identity(ParallelLayout(tp=2), DIMS),
+        "other_model": checkpoint.identity(
+            ParallelLayout(dp=2), dataclasses.replace(DIMS, ffn_hidden_size=32)
+        ),
+    }.get(damage, IDENT)
     before = snapshot(tmp_path)
     with pytest.raises(SlimeHydraError) as err:
-        checkpoint.verify(tmp_path, 2, digest)
+        checkpoint.verify(tmp_path, 2, digest, ident)
     assert needle in str(err.value)
     assert not Path("/tmp/slime_hydra_ckpt_pwned").exists()
     assert_untouched(before, tmp_path)

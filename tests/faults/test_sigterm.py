@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_train_cpu import SMALL
 from tests.wandb_reader import read_run, wandb_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,3 +64,54 @@ def test_a_stopped_rank_0_closes_wandb_with_every_step_it_logged(tmp_path: Path)
     # close() ran to its end: the run summary (written by close, 3 steps) and the exit record.
     assert run.summary["summary/steps"] == 3
     assert run.exited
+
+
+def stop_when(line_part: str, sig: signal.Signals, *overrides: str) -> tuple[int, str]:
+    """Run `python -m slime_hydra OVERRIDES`, send `sig` to it once a line containing
+    `line_part` is printed, and return its exit code and all it printed."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *overrides]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line_part in line:
+            proc.send_signal(sig)
+            break
+    lines.append(proc.stdout.read())
+    return proc.wait(timeout=300), "".join(lines)
+
+
+def test_ctrl_c_while_planning_is_one_line_exit_130_and_writes_nothing(tmp_path: Path) -> None:
+    # 10⁶ samples: planning takes seconds, so the signal lands inside it.
+    code, text = stop_when(
+        "Instantiating <slime_hydra.data.synthetic",
+        signal.SIGINT,
+        "trainer=plan",
+        "logger=jsonl",
+        "data.num_prompts=128000",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert code == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert f"stopped by SIGINT before training started: nothing was written to {tmp_path}" in text
+    assert sorted(os.listdir(tmp_path)) == [".lock", "slime_hydra.log"]
+
+
+def test_sigterm_while_training_is_one_line_exit_143_naming_the_resume(tmp_path: Path) -> None:
+    code, text = stop_when(
+        "Saved checkpoint after step 1",
+        signal.SIGTERM,
+        f"hydra.run.dir={tmp_path}",
+        *SMALL,
+        "trainer.save_interval=1",
+    )
+    assert code == 143, text[-3000:]
+    assert "Traceback" not in text and "SignalException" not in text, text[-6000:]
+    assert (
+        f"stopped by SIGTERM: the run in {tmp_path} keeps its last checkpoint; continue it with "
+        f"trainer.resume=true hydra.run.dir={tmp_path}"
+    ) in text
+    assert (tmp_path / "checkpoints/latest").read_text() == "1\n"

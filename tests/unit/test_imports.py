@@ -16,6 +16,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
         "errors",
+        "files",  # writing run-dir files and reading user files safely
         "partition",
         "schedule",  # + the pure cost model
         "planner",  # the planning API over schedule's strategies and metrics

@@ -25,6 +25,7 @@ from slime_hydra.report.plots import (
     wrap_overrides,
 )
 from slime_hydra.report.rundir import RunDir, failed_jobs, run_summary, sweep_jobs
+from slime_hydra.rundir import SWEEP_JOBS, note_sweep_job
 from slime_hydra.schedule import Schedule
 from slime_hydra.sweep import SweepSummary, sweep_line
 
@@ -380,29 +381,60 @@ def test_sweep_panels_add_the_metrics_some_job_logged(tmp_path: Path) -> None:
     assert [p.values for p in panels[:4]] == [[2, 2], [1.0, 1.0], [0, 0], [0, 0]]
 
 
+def ended(sweep: Path, job: Path, failed: bool | None) -> Path:
+    """A job of a sweep as the app reports it: started, then (unless None) ended."""
+    note_sweep_job(sweep, job, None)
+    if failed is not None:
+        note_sweep_job(sweep, job, failed)
+    return job
+
+
 def test_sweep_line_counts_jobs_and_names_failed_ones(tmp_path: Path) -> None:
     assert sweep_line(tmp_path / "none") == f"sweep: 0 jobs ({tmp_path / 'none'} does not exist)"
-    make_run(tmp_path / "0_seed=1")
-    make_run(tmp_path / "2_seed=3")
+    ended(tmp_path, make_run(tmp_path / "0_seed=1"), False)
+    ended(tmp_path, make_run(tmp_path / "2_seed=3"), False)
     assert sweep_line(tmp_path) == f"sweep: 2 jobs, 0 failed ({tmp_path})"
-    write_failed(tmp_path / "1_seed=2", "bad\n")
-    write_failed(tmp_path / "3_seed=4", None)
+    ended(tmp_path, write_failed(tmp_path / "1_seed=2", "bad\n"), True)
+    ended(tmp_path, write_failed(tmp_path / "3_seed=4", None), None)  # killed: never ended
     assert sweep_line(tmp_path) == (
         f"sweep: 4 jobs, 2 failed (see {tmp_path / '1_seed=2' / 'error.txt'}, "
         f"{tmp_path / '3_seed=4'})"
     )
     for n in (4, 5):
-        write_failed(tmp_path / f"{n}_seed={n + 1}", "bad\n")
+        ended(tmp_path, write_failed(tmp_path / f"{n}_seed={n + 1}", "bad\n"), True)
     assert sweep_line(tmp_path) == f"sweep: 6 jobs, 4 failed (see {tmp_path}/*/error.txt)"
 
 
-def test_the_callback_prints_the_line_for_the_sweep_dir(tmp_path: Path, capsys) -> None:
-    make_run(tmp_path / "0_seed=1")
-    write_failed(tmp_path / "1_seed=2", "bad\n")
+def test_the_sweep_line_counts_outcomes_not_files_and_only_this_sweeps_jobs(tmp_path) -> None:
+    # An earlier sweep's job; then this sweep's: one refused in a dir holding a run (metrics,
+    # no error.txt), one failed in training (metrics and error.txt), one nested by a "/" value.
+    ended(tmp_path, make_run(tmp_path / "0_seed=1"), False)
+    offset = (tmp_path / SWEEP_JOBS).stat().st_size
+    refused = ended(tmp_path, make_run(tmp_path / "1_seed=2"), True)
+    crashed = ended(tmp_path, make_run(tmp_path / "2_seed=3"), True)
+    (crashed / "error.txt").write_text("RuntimeError: boom\n")
+    ended(tmp_path, make_run(tmp_path / "3_data.path=" / "tmp" / "x.jsonl"), False)
+    assert sweep_line(tmp_path, offset) == (
+        f"sweep: 3 jobs, 2 failed (see {refused}, {crashed / 'error.txt'})"
+    )
+
+
+def test_the_callback_prints_the_line_for_this_sweep_and_keeps_an_earlier_multirun_yaml(
+    tmp_path: Path, capsys
+) -> None:
+    ended(tmp_path, make_run(tmp_path / "0_seed=1"), False)
+    (tmp_path / "multirun.yaml").write_text("earlier: sweep\n")
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
-    SweepSummary().on_multirun_end(config=config, config_name="config")
+    summary = SweepSummary()
+    summary.on_multirun_start(config=config, config_name="config")
+    assert (tmp_path / "multirun.1.yaml").read_text() == "earlier: sweep\n"
+    assert not (tmp_path / "multirun.yaml").exists()  # Hydra writes this sweep's now
+    ended(tmp_path, make_run(tmp_path / "0_seed=2"), False)
+    ended(tmp_path, write_failed(tmp_path / "1_seed=3", "bad\n"), True)
+    capsys.readouterr()
+    summary.on_multirun_end(config=config, config_name="config")
     assert capsys.readouterr().out == (
-        f"sweep: 2 jobs, 1 failed (see {tmp_path / '1_seed=2' / 'error.txt'})\n"
+        f"sweep: 2 jobs, 1 failed (see {tmp_path / '1_seed=3' / 'error.txt'})\n"
     )
 
 

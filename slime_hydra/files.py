@@ -1,0 +1,245 @@
+"""The one way files are written into a run dir and read from a user: no symlink followed, a set
+of files complete or absent, a full disk named as such, and bytes that are not UTF-8 text, JSON
+nested past reason or a number in other digits refused as one paragraph instead of a traceback.
+
+Writing: `write_files` stages every file of a set under a fresh temporary name (created with
+O_EXCL | O_NOFOLLOW, so a planted `.x.tmp` symlink is never written through), then renames them
+into place; a failure removes every temporary file. `check_inside` refuses a path whose dirs
+below the run dir are symlinks (a rename into a symlinked dir would land outside the run dir).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import re
+import secrets
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from slime_hydra.errors import SlimeHydraError
+
+Content = bytes | str | Callable[[IO[bytes]], None]
+"""What `write_files` writes: bytes, text (UTF-8) or a function writing to a binary file."""
+
+MAX_JSON_DEPTH = 200
+"""Deepest nesting a JSON record may have; real rollouts and metrics nest a few levels."""
+
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def _is_link(path: Path) -> bool:
+    return os.path.islink(path)
+
+
+def check_inside(path: Path, root: Path) -> None:
+    """Refuse `path` when it or a dir between `root` and it is a symlink: a file created there
+    would be written wherever the link points, outside the run dir."""
+    path, root = Path(path), Path(root)
+    rel = path.relative_to(root)
+    at = root
+    for part in rel.parts:
+        at = at / part
+        if _is_link(at):
+            raise SlimeHydraError(
+                f"{at} is a symlink (to {os.readlink(at)}); the run dir's files are never written "
+                f"through links, so nothing was written. Remove the link from {root}, or pass a "
+                "new hydra.run.dir."
+            )
+
+
+def refuse_links(root: Path) -> None:
+    """Refuse a run dir holding a symlink anywhere: a link planted there (as `.lock`,
+    `config.yaml`, `checkpoints`) would redirect a write outside the dir."""
+    for where, dirs, names in os.walk(root):
+        for name in sorted(dirs + names):
+            if _is_link(Path(where) / name):
+                check_inside(Path(where) / name, Path(root))
+
+
+def make_dirs(path: Path, root: Path) -> None:
+    """mkdir -p `path` below `root`, refusing a symlink on the way."""
+    check_inside(path, root)
+    Path(path).mkdir(parents=True, exist_ok=True)
+    check_inside(path, root)
+
+
+def disk_full(path: Path, needed: int | None) -> SlimeHydraError:
+    """The error for a write that ran out of space: where, how much, what to do."""
+    size = f" ({needed} bytes needed)" if needed is not None else ""
+    return SlimeHydraError(
+        f"no space left on the device of {path}{size}: nothing of this write was kept (its "
+        "temporary files are removed). Free space there, or pass a hydra.run.dir on another disk."
+    )
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    """Whether `exc` (or what it wraps: torch.save turns an OSError into a RuntimeError) is a
+    full disk or quota."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "No space left on device" in str(exc)
+
+
+def _temp_for(path: Path) -> tuple[Path, int]:
+    """A new temporary file beside `path`, created exclusively (never an existing name or link)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    return tmp, os.open(tmp, flags, 0o644)
+
+
+def _write_one(fd: int, content: Content) -> int:
+    """Write `content` to the open file; return the bytes written."""
+    with os.fdopen(fd, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode() if isinstance(content, str) else content)
+        f.flush()
+        os.fsync(f.fileno())
+        return f.tell()
+
+
+def write_files(files: Mapping[Path, Content], root: Path) -> None:
+    """Write every file of `files` (all below `root`) or none: each is staged under a temporary
+    name first, then all are renamed into place; on a failure the temporary files are removed
+    and a full disk becomes our error with the path and the bytes needed."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, content in files.items():
+            check_inside(Path(path).parent, root)
+            tmp, fd = _temp_for(Path(path))
+            staged.append((tmp, Path(path)))
+            try:
+                _write_one(fd, content)
+            except BaseException as exc:
+                if _is_enospc(exc):
+                    needed = None if callable(content) else len(content)
+                    raise disk_full(Path(path), needed) from None
+                raise
+        for tmp, path in staged:
+            os.replace(tmp, path)  # replaces a planted link itself, never its target
+    except OSError as exc:
+        if _is_enospc(exc):
+            raise disk_full(staged[-1][1] if staged else Path(root), None) from None
+        raise
+    finally:
+        for tmp, _ in staged:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+
+
+def write_file(path: Path, content: Content, root: Path) -> None:
+    """`write_files` of one file."""
+    write_files({Path(path): content}, root)
+
+
+def open_append(path: Path, root: Path) -> IO[str]:
+    """`path` opened for appending text, created if absent, never through a symlink."""
+    check_inside(Path(path), root)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    return os.fdopen(os.open(path, flags, 0o644), "a", encoding="utf-8")
+
+
+class NoFollowFileHandler(logging.FileHandler):
+    """A logging.FileHandler that never appends through a symlink (Hydra's job log, a rank's
+    log): a planted link gets no log, and the run refuses the dir (refuse_links)."""
+
+    def _open(self) -> IO[str]:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self.baseFilename, flags, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            fd = os.open(os.devnull, os.O_WRONLY)
+        return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
+def read_text(path: Path, what: str, fix: str) -> str:
+    """The UTF-8 text of `path`, or our error naming `what` it is, the problem and `fix`."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SlimeHydraError(f"{what} {path} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise SlimeHydraError(f"{what} {path} is a directory, not a file; {fix}") from None
+    except OSError as exc:
+        raise SlimeHydraError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        kind = " (it is gzip-compressed: decompress it first)" if data[:2] == b"\x1f\x8b" else ""
+        raise SlimeHydraError(
+            f"{what} {path} is not UTF-8 text{kind}: byte 0x{data[exc.start]:02x} at offset "
+            f"{exc.start}; {fix}"
+        ) from None
+
+
+def _depth(value: Any) -> int:
+    depth, level = 0, [value]
+    while level:
+        depth += 1
+        level = [
+            v
+            for item in level
+            if isinstance(item, dict | list)
+            for v in (item.values() if isinstance(item, dict) else item)
+        ]
+        if depth > MAX_JSON_DEPTH:
+            break
+    return depth
+
+
+def parse_json(text: str, at: str) -> Any:
+    """One JSON value from `text`; our error naming `at` for invalid or too deeply nested JSON."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlimeHydraError(f"{at}: not valid JSON ({exc.msg}).") from None
+    except RecursionError:
+        value = None
+        too_deep = True
+    else:
+        too_deep = _depth(value) > MAX_JSON_DEPTH
+    if too_deep:
+        raise SlimeHydraError(
+            f"{at}: JSON nested deeper than {MAX_JSON_DEPTH} levels; no record nests that deep, "
+            "so the file is damaged or not this kind of file."
+        )
+    return value
+
+
+def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """(`file:line`, value) of each non-blank line of a JSON Lines file; a line that is not
+    UTF-8, not JSON or nested too deep is our error naming file and line."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise SlimeHydraError(f"data.path={str(path)!r} cannot be read ({exc.strerror}).") from None
+    gzip = " (it is gzip-compressed: decompress it first)" if data[:2] == b"\x1f\x8b" else ""
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        at = f"{path}:{lineno}"
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise SlimeHydraError(
+                f"{at}: not UTF-8 text{gzip} (byte 0x{raw[exc.start]:02x} at column "
+                f"{exc.start + 1}); write the file as UTF-8 JSON Lines."
+            ) from None
+        if line.strip():
+            yield at, parse_json(line, at)
+
+
+def parse_count(text: str) -> int | None:
+    """A non-negative integer written in ASCII digits only, or None: "٣", " 3", "+3", "3.0" and
+    "1_000" are not counts (int() would read several of them)."""
+    return int(text) if _DIGITS.fullmatch(text) else None

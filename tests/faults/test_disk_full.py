@@ -1,0 +1,98 @@
+"""A full disk: the run files are written as one set or not at all, no temporary file is left,
+and the error says the disk is full, where, and the bytes needed. A real small tmpfs where
+this process may mount one (root), and an ENOSPC injected at the one write function always."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slime_hydra import files
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import write_files
+
+REPO = Path(__file__).resolve().parents[2]
+FREE_KB = 12
+"""Room left on the tmpfs: the lock, the log and config.yaml fit, schedule.json does not."""
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 KiB tmpfs with FREE_KB left free by a filler file (skipped where mount is denied)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mnt)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (mnt / "filler").write_bytes(b"\0" * (48 - FREE_KB) * 1024)
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.integration
+def test_a_full_disk_leaves_no_half_written_run_and_says_so(full_disk: Path) -> None:
+    run_dir = full_disk / "run"
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "trainer=plan", "logger=jsonl"]
+    out = subprocess.run(
+        [*cmd, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Logging error" not in text
+    assert f"no space left on the device of {run_dir}/schedule.json (" in text
+    assert "bytes needed" in text
+    # Neither config.yaml nor schedule.json nor a temporary file nor .hydra: as before the run.
+    assert sorted(os.listdir(run_dir)) == [".lock", "slime_hydra.log"]
+    assert (run_dir / ".lock").read_bytes() == b""
+    (full_disk / "filler").unlink()  # space again: the same dir takes the run
+    again = subprocess.run(
+        [*cmd, f"hydra.run.dir={run_dir}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert {"config.yaml", "schedule.json", "metrics.jsonl"} <= set(os.listdir(run_dir))
+
+
+def test_an_injected_enospc_in_the_second_file_keeps_neither(tmp_path, monkeypatch) -> None:
+    real = files._write_one
+    calls = []
+
+    def fill_up(fd: int, content: files.Content) -> int:
+        calls.append(content)
+        if len(calls) == 2:
+            os.close(fd)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, content)
+
+    monkeypatch.setattr(files, "_write_one", fill_up)
+    (tmp_path / "config.yaml").write_text("old: run\n")
+    with pytest.raises(SlimeHydraError) as err:
+        write_files(
+            {tmp_path / "config.yaml": "a: 1\n", tmp_path / "schedule.json": "{}"}, tmp_path
+        )
+    assert str(err.value).startswith(
+        f"no space left on the device of {tmp_path / 'schedule.json'} (2 bytes needed)"
+    )
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]  # no temporary file left
+    assert (tmp_path / "config.yaml").read_text() == "old: run\n"  # the old file, not half a set
+
+
+def test_enospc_wrapped_by_torch_save_is_a_full_disk(tmp_path, monkeypatch) -> None:
+    def save(f) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos") from (
+            OSError(errno.ENOSPC, "No space left on device")
+        )
+
+    with pytest.raises(SlimeHydraError, match="no space left on the device of"):
+        files.write_file(tmp_path / "rank_000.pt", save, tmp_path)
+    assert os.listdir(tmp_path) == []

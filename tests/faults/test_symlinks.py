@@ -1,0 +1,93 @@
+"""Symlinks planted in a run dir never redirect a write outside it: every file the project
+creates there is made without following links, and a run into a dir holding one is refused
+before anything is written (checksums of the run dir and of the links' targets, before/after)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import check_inside, open_append, write_file, write_files
+from tests.faults.rundir import snapshot
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*overrides: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *overrides]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """Files and a dir elsewhere, which planted links point at."""
+    d = tmp_path / "outside"
+    (d / "dir").mkdir(parents=True)
+    for name in ("pid", "config", "log", "schedule", "metrics"):
+        (d / name).write_text(f"the user's {name} file\n")
+    return d
+
+
+# Each entry a run creates, planted as a link to a file (or dir) outside the run dir.
+PLANTS = {
+    ".lock": "pid",
+    ".config.yaml.tmp": "config",
+    "slime_hydra.log": "log",
+    "schedule.json": "schedule",
+    "metrics.jsonl": "metrics",
+    ".hydra": "dir",
+    "checkpoints": "dir",
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry", sorted(PLANTS))
+def test_a_plan_into_a_dir_with_a_planted_link_is_refused_and_changes_nothing_outside(
+    tmp_path, outside, entry
+):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / entry).symlink_to(outside / PLANTS[entry])
+    before = snapshot(outside)
+    out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text
+    assert f"{run_dir / entry} is a symlink" in text and "nothing was written" in text
+    assert snapshot(outside) == before
+    # No run file and no lock; Hydra's job log (which logs the refusal) is the only new file.
+    assert set(os.listdir(run_dir)) <= {entry, "slime_hydra.log"}
+    assert (run_dir / entry).is_symlink()
+
+
+def test_write_files_never_writes_through_a_planted_file_link(tmp_path, outside):
+    (tmp_path / "config.yaml").symlink_to(outside / "config")
+    before = snapshot(outside)
+    write_files({tmp_path / "config.yaml": "a: 1\n", tmp_path / "schedule.json": "{}"}, tmp_path)
+    assert snapshot(outside) == before  # the link itself was replaced, its target untouched
+    assert not (tmp_path / "config.yaml").is_symlink()
+    assert (tmp_path / "config.yaml").read_text() == "a: 1\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml", "outside", "schedule.json"]
+
+
+def test_a_file_under_a_linked_dir_is_refused(tmp_path, outside):
+    (tmp_path / ".hydra").symlink_to(outside / "dir")
+    with pytest.raises(SlimeHydraError, match=r"\.hydra is a symlink"):
+        write_file(tmp_path / ".hydra" / "config.yaml", "a: 1\n", tmp_path)
+    with pytest.raises(SlimeHydraError, match=r"\.hydra is a symlink"):
+        open_append(tmp_path / ".hydra" / "log", tmp_path)
+    assert not os.listdir(outside / "dir")
+    check_inside(tmp_path / "ok" / "x", tmp_path)  # no link on the way: fine
+
+
+def test_appending_never_follows_a_link(tmp_path, outside):
+    (tmp_path / "metrics.jsonl").symlink_to(outside / "metrics")
+    with pytest.raises(SlimeHydraError, match=r"metrics\.jsonl is a symlink"):
+        open_append(tmp_path / "metrics.jsonl", tmp_path)
+    assert (outside / "metrics").read_text() == "the user's metrics file\n"
