@@ -204,6 +204,31 @@ class _State:
     def load(self, values: np.ndarray) -> np.ndarray:
         return self.size_load if values is self.sizes else self.weight_load
 
+    def exchanges(
+        self,
+        values: np.ndarray,
+        pairs: tuple[np.ndarray, np.ndarray],
+        gap: np.ndarray,
+        room: np.ndarray,
+        cap: int,
+        movable: np.ndarray,
+    ) -> Exchanges:
+        """`exchange.best_exchanges` over this packing for the (heavy, light) bin `pairs`."""
+        heavy, light = pairs
+        return best_exchanges(
+            self.bin_of,
+            values,
+            self.sizes,
+            heavy,
+            light,
+            gap,
+            room,
+            self.size_load,
+            self.counts,
+            cap,
+            movable,
+        )
+
     def apply(self, ex: Exchanges) -> None:
         apply_exchanges(ex, self.bin_of, self.sizes, self.size_load, self.counts)
         if self.weight_load is not self.size_load:
@@ -246,19 +271,7 @@ def _passes(
         heavy = np.tile(heavy, tries)
         gap = load[heavy] - load[light]
         room = cap - load[light] if repair else gap
-        ex = best_exchanges(
-            state.bin_of,
-            values,
-            state.sizes,
-            heavy,
-            light,
-            gap,
-            room,
-            state.size_load,
-            state.counts,
-            cap,
-            movable,
-        )
+        ex = state.exchanges(values, (heavy, light), gap, room, cap, movable)
         work.charge(ex.visited)
         top_moved = bool((ex.heavy == heavy[0]).any())
         if ex.give.size:
@@ -337,24 +350,8 @@ def even_groups(
             movable,
         )
         if ex.give.size == 0:  # one exchange per pair of groups, the best of its bin pairs
-            ex = _one_per_group(
-                best_exchanges(
-                    state.bin_of,
-                    weights,
-                    sizes,
-                    h_bins,
-                    l_bins,
-                    gap,
-                    room,
-                    state.size_load,
-                    state.counts,
-                    cap,
-                    movable,
-                ),
-                weights,
-                group_load,
-                k,
-            )
+            ex = state.exchanges(weights, (h_bins, l_bins), gap, room, cap, movable)
+            ex = _one_per_group(ex, weights, group_load, k)
         work.charge(ex.visited)
         top = heavy[0]
         if ex.give.size:
