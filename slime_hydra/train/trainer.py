@@ -169,13 +169,12 @@ class GpuTrainer(CpuTrainer):
     device: ClassVar[str] = "cuda"
 
     def check_layout(self, job: Job) -> None:
-        """What the layers this machine builds cannot run, then CUDA with a GPU per local rank
-        (checked first, before the world size)."""
+        """CUDA with a GPU per local rank, then what the layers this machine builds cannot
+        run (checked first, before the world size): a machine without GPUs hears that first."""
         import torch
 
         from slime_hydra.train.model import has_transformer_engine
 
-        check_sequence_parallel(job.layout, has_transformer_engine())
         if not torch.cuda.is_available():
             layout = job.layout
             raise SlimeHydraError(
@@ -187,6 +186,7 @@ class GpuTrainer(CpuTrainer):
         env = torchrun_env()
         local = env.local_world_size if env is not None else self.num_procs(job)
         check_gpu_count(job.layout, local, torch.cuda.device_count())
+        check_sequence_parallel(job.layout, has_transformer_engine())
         if self.use_distributed_optimizer and (self.resume or self.max_restarts):
             raise SlimeHydraError(
                 "trainer.use_distributed_optimizer=true shards Adam's state over the DP ranks, "

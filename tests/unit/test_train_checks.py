@@ -19,10 +19,15 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, StepSchedule
-from slime_hydra.train.checks import check_trainable, check_vpp, check_world_size
+from slime_hydra.train.checks import (
+    check_sequence_parallel,
+    check_trainable,
+    check_vpp,
+    check_world_size,
+)
 from slime_hydra.train.job import Job
 from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
-from tests.hardware import needs_fewer_cuda_than, needs_no_transformer_engine
+from tests.hardware import needs_fewer_cuda_than
 
 SMALL = ("data.num_prompts=4", "data.n_samples_per_prompt=4", "batching.global_batch_size=8")
 
@@ -73,15 +78,23 @@ def test_cpu_trainer_refuses_sequence_parallel_naming_the_override(job_of):
         trainer.check(job)
 
 
-def test_gpu_trainer_without_transformer_engine_refuses_sequence_parallel_first(job_of):
-    # Checked before CUDA: megatron's local norm would assert in every rank at model build.
-    needs_no_transformer_engine()
-    trainer, job = job_of("trainer=gpu", *SEQUENCE_PARALLEL)
+def test_sequence_parallel_needs_transformer_engine_layers(job_of):
+    # trainer=gpu calls this after its CUDA checks: megatron's local norm would assert in every
+    # rank at model build where transformer_engine cannot be imported.
+    _, job = job_of(*SEQUENCE_PARALLEL)
     with pytest.raises(
         SlimeHydraError,
         match=r"trainer=gpu does where transformer_engine cannot be imported.*"
         r"sequence_parallel=false",
     ):
+        check_sequence_parallel(job.layout, transformer_engine=False)
+    check_sequence_parallel(job.layout, transformer_engine=True)
+
+
+def test_gpu_trainer_on_a_machine_without_cuda_says_that_first(job_of):
+    needs_fewer_cuda_than(1)
+    trainer, job = job_of("trainer=gpu", *SEQUENCE_PARALLEL)
+    with pytest.raises(SlimeHydraError, match=r"trainer=gpu needs 2 CUDA GPUs"):
         trainer.check(job)
 
 
