@@ -47,7 +47,10 @@ def test_jsonl_reads_lengths_groups_and_steps(tmp_path):
         ('{"total_length": true}\n', "total_length=True"),
         ('{"response_length": 3}\n', "total_length field"),
         ('{"total_length": 5, "step": 0}\n{"total_length": 5}\n', "`step` is on some records"),
-        ('{"total_length": 5, "response_length": 9}\n', "longer than its total_length"),
+        (
+            '{"total_length": 5, "response_length": 9}\n',
+            "response_length=9 is more than total_length=5",
+        ),
         ("", "rollout is empty"),
     ],
 )
