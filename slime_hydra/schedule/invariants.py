@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
 
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import Schedule, breaks_cap, step_number
+from slime_hydra.schedule.schedule import Schedule, step_number
 
 
 def violations(
@@ -19,44 +22,75 @@ def violations(
     Checks: each sample exactly once over all steps; the same micro-batch count on every DP
     rank; that count a multiple of the VPP alignment; no empty micro-batch; multi-sample
     micro-batches within the cap; a sample over the cap only when allowed, and then alone;
-    samples of one group in one step.
+    samples of one group in one step. numpy over all samples; Python only for what it reports.
     """
     found: list[str] = []
-    lengths, cap = schedule.lengths, schedule.cap
-    seen: dict[int, int] = {}
-    step_of_group: dict[int, int] = {}
+    lengths = np.asarray(schedule.lengths, dtype=np.int64)
+    groups = np.asarray(group_ids, dtype=np.int64)
+    cap = schedule.cap
+    place: list[tuple[int, int, int]] = []  # (step, rank, micro-batch) of each, in order
+    counts_of: list[np.ndarray] = []
+    members: list[np.ndarray] = []
     for st in schedule.steps:
-        where = f"step {step_number(st.step)}"
+        at = f"step {step_number(st.step)}"
         if len(st.ranks) != layout.dp:
-            found.append(f"{where}: {len(st.ranks)} DP ranks, expected {layout.dp}")
-        counts = {len(rank) for rank in st.ranks}
-        if len(counts) > 1:
-            found.append(f"{where}: ranks disagree on the micro-batch count: {sorted(counts)}")
+            found.append(f"{at}: {len(st.ranks)} DP ranks, expected {layout.dp}")
+        ks = {len(rank) for rank in st.ranks}
+        if len(ks) > 1:
+            found.append(f"{at}: ranks disagree on the micro-batch count: {sorted(ks)}")
         k = st.num_microbatches
         if k % layout.microbatch_alignment:
             found.append(
-                f"{where}: {k} micro-batches, not a multiple of {layout.microbatch_alignment}"
+                f"{at}: {k} micro-batches, not a multiple of {layout.microbatch_alignment}"
             )
-        tokens_of = st.microbatch_tokens(lengths)
-        for r, rank in enumerate(st.ranks):
-            for m, mb in enumerate(rank):
-                at = f"{where} rank {r} micro-batch {m}"
-                if not mb:
-                    found.append(f"{at}: empty")
-                tokens = tokens_of[r][m]
-                if breaks_cap(len(mb), tokens, cap):
-                    found.append(f"{at}: {tokens} tokens over the cap {cap}")
-                elif cap is not None and tokens > cap and not allow_oversize:
-                    found.append(f"{at}: sample {mb[0]} ({tokens} tokens) over the cap {cap}")
-                for i in mb:
-                    if i in seen:
-                        found.append(f"{at}: sample {i} also in step {seen[i]}")
-                    seen[i] = st.step
-                    g = int(group_ids[i])
-                    first = step_of_group.setdefault(g, st.step)
-                    if first != st.step:
-                        found.append(f"{at}: group {g} split over steps {first} and {st.step}")
-    missing = set(range(len(lengths))) - seen.keys()
-    if missing:
-        found.append(f"{len(missing)} samples never scheduled, e.g. {min(missing)}")
+        counts = np.fromiter((len(mb) for rank in st.ranks for mb in rank), dtype=np.int64)
+        counts_of.append(counts)
+        members.append(
+            np.fromiter(chain.from_iterable(chain.from_iterable(st.ranks)), dtype=np.int64)
+        )
+        place.extend((st.step, r, m) for r, rank in enumerate(st.ranks) for m in range(len(rank)))
+    counts = np.concatenate(counts_of) if counts_of else np.zeros(0, dtype=np.int64)
+    samples = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
+    mb_of = np.repeat(np.arange(counts.size), counts)
+    step_of_mb = np.fromiter((p[0] for p in place), dtype=np.int64, count=len(place))
+
+    def where(m: int) -> str:
+        step, r, k = place[m]
+        return f"step {step_number(step)} rank {r} micro-batch {k}"
+
+    tokens = np.bincount(mb_of, weights=lengths[samples], minlength=counts.size).astype(np.int64)
+    firsts = np.cumsum(counts) - counts
+    for m in np.flatnonzero(counts == 0).tolist():
+        found.append(f"{where(m)}: empty")
+    if cap is not None:
+        for m in np.flatnonzero((counts > 1) & (tokens > cap)).tolist():  # schedule.breaks_cap
+            found.append(f"{where(m)}: {int(tokens[m])} tokens over the cap {cap}")
+        if not allow_oversize:
+            for m in np.flatnonzero((counts == 1) & (tokens > cap)).tolist():
+                sample = int(samples[firsts[m]])
+                found.append(
+                    f"{where(m)}: sample {sample} ({int(tokens[m])} tokens) over the cap {cap}"
+                )
+    step_of = step_of_mb[mb_of]  # of each occurrence
+    _, first_at = np.unique(samples, return_index=True)
+    again = np.ones(samples.size, dtype=bool)
+    again[first_at] = False
+    first_step = np.full(lengths.size, -1, dtype=np.int64)
+    first_step[samples[first_at]] = step_of[first_at]
+    for o in np.flatnonzero(again).tolist():
+        i = int(samples[o])
+        found.append(
+            f"{where(int(mb_of[o]))}: sample {i} also in step {step_number(int(first_step[i]))}"
+        )
+    group_of = groups[samples]
+    _, group_first, group_at = np.unique(group_of, return_index=True, return_inverse=True)
+    group_step = step_of[group_first]
+    for o in np.flatnonzero(step_of != group_step[group_at]).tolist():
+        found.append(
+            f"{where(int(mb_of[o]))}: group {int(group_of[o])} split over steps "
+            f"{step_number(int(group_step[group_at[o]]))} and {step_number(int(step_of[o]))}"
+        )
+    missing = np.setdiff1d(np.arange(lengths.size), samples)
+    if missing.size:
+        found.append(f"{missing.size} samples never scheduled, e.g. {int(missing[0])}")
     return found

@@ -201,8 +201,8 @@ def test_violations_reports_each_kind_of_fault():
         "empty",
         "over the cap",
         "not a multiple of 2",
-        "also in step",
-        "group 1 split",
+        "step 2 rank 1 micro-batch 0: sample 3 also in step 2",
+        "group 1 split over steps 1 and 2",
         "never scheduled",
     ):
         assert needle in found
