@@ -1,10 +1,11 @@
 """Balanced packing into exactly B non-empty bins under a cap, vectorised, with bounded work.
 
 `construct` is O(n log n) numpy: items heaviest first, one per bin in the first round (no bin
-stays empty), then each round of B items dealt heaviest to the lightest bin (LPT in rounds);
-once the items left are too light to matter (each at most `tolerance`/2 of the mean bin) they
-are poured by prefix sums into the room each bin has below the mean, and what is left over
-(at most one item per bin) takes one more round. A bin ends within one item of the mean.
+stays empty), then rounds of B items dealt heaviest to the lightest bin while a round can still
+close the spread between bins; then items of medium weight fill each bin's room below the water
+level by largest fit, and the light ones (at most `tolerance`/2 of the level each) are poured by
+prefix sums, each bin ending within half an item of the level. What fits nowhere is dealt in
+rounds to the lightest bins.
 
 `improve` is anytime: each pass pairs the bins above the goal, heaviest first, with the
 lightest bins and applies, to every pair at once, the move or swap of one item whose shift
@@ -56,24 +57,19 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
         start += bins
     if start == n:
         return bin_of
-    light = (tolerance / 2) * _level(load, int(w[start:].sum()))
-    poured = max(start, int(np.searchsorted(-w, -light, side="left")))
+    level = _level(load, int(w[start:].sum()))
+    poured = max(start, int(np.searchsorted(-w, -(tolerance / 2) * level, side="left")))
     if poured > start:  # items that pouring would leave a bin too far off the level
-        room = np.floor(_level(load, int(w[start:].sum()))).astype(np.int64) - load
+        room = np.maximum(np.floor(level).astype(np.int64) - load, 0)
         ids, vals = order[start:poured][::-1], w[start:poured][::-1]  # ascending
-        got = largest_fit(vals, np.maximum(room, 0))
+        got = largest_fit(vals, room)
         fits = got >= 0
         bin_of[ids[fits]] = got[fits]
         np.add.at(load, got[fits], vals[fits])
-        ids, vals = ids[~fits][::-1], vals[~fits][::-1]
-        for at in range(0, ids.size, bins):
-            _deal(ids[at : at + bins], vals[at : at + bins], bin_of, load)
+        _deal_rounds(ids[~fits][::-1], vals[~fits][::-1], bin_of, load)
     if poured < n:
-        left = _pour(order[poured:], w[poured:], bin_of, load)
-        for at in range(0, left.size, bins):
-            _deal(
-                order[poured:][left][at : at + bins], w[poured:][left][at : at + bins], bin_of, load
-            )
+        left = poured + np.flatnonzero(_pour(order[poured:], w[poured:], bin_of, load))
+        _deal_rounds(order[left], w[left], bin_of, load)
     return bin_of
 
 
@@ -82,6 +78,12 @@ def _deal(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarra
     to = np.argsort(load, kind="stable")[: ids.size]
     bin_of[ids] = to
     load[to] += vals
+
+
+def _deal_rounds(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
+    """Items `ids` (heaviest first) dealt in rounds of one per bin by `_deal`."""
+    for at in range(0, ids.size, load.size):
+        _deal(ids[at : at + load.size], vals[at : at + load.size], bin_of, load)
 
 
 def _level(load: np.ndarray, left: int) -> float:
@@ -145,11 +147,7 @@ def fit_rounds(sizes: np.ndarray, bins: int, cap: int) -> np.ndarray:
     room[::-1] = cap - s[n - bins :]
     placed[: n - bins] = largest_fit(s[: n - bins], room)
     left = np.flatnonzero(placed[: n - bins] < 0)[::-1]  # largest first
-    for at in range(0, left.size, bins):
-        take = left[at : at + bins]
-        to = np.argsort(-room, kind="stable")[: take.size]
-        placed[take] = to
-        room[to] -= s[take]
+    _deal_rounds(left, s[left], placed, cap - room)  # the roomiest bin is the least full
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = placed
     return bin_of
@@ -163,19 +161,13 @@ def improve(
     cap: int,
     goal: float,
     work: Work,
-    fixed: np.ndarray | None = None,
 ) -> bool:
     """Repair over-cap bins, then lower the heaviest bins toward `goal`, in place, within
-    `work`; items marked `fixed` never move (and their bins take no others). Returns whether
-    every bin of two or more items is within `cap`."""
-    movable = np.ones(len(bin_of), dtype=bool) if fixed is None else ~fixed
-    locked = np.zeros(bins, dtype=bool)
-    if fixed is not None:
-        locked[bin_of[fixed]] = True
+    `work`. Returns whether every bin of two or more items is within `cap`."""
     state = _State.of(bin_of, sizes, weights, bins)
-    if not _passes(state, sizes, cap, cap, movable, locked, work, repair=True):
+    if not _passes(state, sizes, cap, cap, work, repair=True):
         return False
-    _passes(state, weights, cap, goal, movable, locked, work, repair=False)
+    _passes(state, weights, cap, goal, work, repair=False)
     return True
 
 
@@ -242,24 +234,23 @@ def _passes(
     values: np.ndarray,
     cap: int,
     goal: float,
-    movable: np.ndarray,
-    locked: np.ndarray,
     work: Work,
     repair: bool,
 ) -> bool:
     """Exchange passes on `values` until every open bin is at most `goal` (True), or no pair
     can improve or the work is spent (False). In repair a bin of one item is done."""
     load = state.load(values)
+    movable = np.ones(len(state.bin_of), dtype=bool)
     stalled = 0
     rotation = 0
     while True:
-        over = (load > goal) & ~locked
+        over = load > goal
         if repair:
             over &= state.counts > 1
         heavy = np.flatnonzero(over)
         if heavy.size == 0:
             return True
-        pool = np.flatnonzero(~over & ~locked)
+        pool = np.flatnonzero(~over)
         if not work.left or pool.size == 0:
             return False
         heavy = heavy[np.lexsort((heavy, -load[heavy]))]
