@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import Schedule, step_number
+from slime_hydra.schedule.schedule import Schedule, breaks_cap, step_number
 
 
 def violations(
@@ -43,11 +42,9 @@ def violations(
             found.append(
                 f"{at}: {k} micro-batches, not a multiple of {layout.microbatch_alignment}"
             )
-        counts = np.fromiter((len(mb) for rank in st.ranks for mb in rank), dtype=np.int64)
+        counts, samples = st.flat()
         counts_of.append(counts)
-        members.append(
-            np.fromiter(chain.from_iterable(chain.from_iterable(st.ranks)), dtype=np.int64)
-        )
+        members.append(samples)
         place.extend((st.step, r, m) for r, rank in enumerate(st.ranks) for m in range(len(rank)))
     counts = np.concatenate(counts_of) if counts_of else np.zeros(0, dtype=np.int64)
     samples = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
@@ -63,7 +60,7 @@ def violations(
     for m in np.flatnonzero(counts == 0).tolist():
         found.append(f"{where(m)}: empty")
     if cap is not None:
-        for m in np.flatnonzero((counts > 1) & (tokens > cap)).tolist():  # schedule.breaks_cap
+        for m in np.flatnonzero(breaks_cap(counts, tokens, cap)).tolist():
             found.append(f"{where(m)}: {int(tokens[m])} tokens over the cap {cap}")
         if not allow_oversize:
             for m in np.flatnonzero((counts == 1) & (tokens > cap)).tolist():

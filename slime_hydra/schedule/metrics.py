@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import chain
 
 import numpy as np
 
 from slime_hydra.partition import align_up
 from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.schedule import StepSchedule
+from slime_hydra.schedule.schedule import StepSchedule, breaks_cap
 
 
 def microbatch_lower_bound(
@@ -46,10 +45,7 @@ def step_metrics(
     count could still gain. numpy over the step's samples: a million samples in well under a
     second.
     """
-    counts = np.fromiter((len(mb) for rank in step.ranks for mb in rank), dtype=np.int64)
-    samples = np.fromiter(
-        chain.from_iterable(chain.from_iterable(step.ranks)), dtype=np.int64, count=counts.sum()
-    )
+    counts, samples = step.flat()
     step_lengths = np.asarray(lengths, dtype=np.int64)[samples]
     linear, quadratic = flops_coefficients
     flops = linear * step_lengths + quadratic * step_lengths.astype(np.float64) ** 2
@@ -67,7 +63,7 @@ def step_metrics(
             step_lengths, cap, layout.dp, layout.microbatch_alignment
         )
         utilization = float(mb_tokens.sum()) / (counts.size * cap)
-        violations = int(((counts > 1) & (mb_tokens > cap)).sum())  # schedule.breaks_cap
+        violations = int(breaks_cap(counts, mb_tokens, cap).sum())
         oversize = int((step_lengths > cap).sum())
     return {
         "batch/num_microbatches": k,

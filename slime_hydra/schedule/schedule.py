@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
+
+import numpy as np
 
 Microbatch = tuple[int, ...]
 
 
-def breaks_cap(num_samples: int, tokens: int, cap: int | None) -> bool:
+def breaks_cap(num_samples: Any, tokens: Any, cap: int | None) -> Any:
     """The cap rule of DESIGN.md, written once: a micro-batch of two or more samples over the
     cap breaks it (a cap violation). A single sample over the cap is not a violation but an
-    oversize sample: an error by default, or alone in its micro-batch under oversize=isolate."""
-    return cap is not None and num_samples > 1 and tokens > cap
+    oversize sample: an error by default, or alone in its micro-batch under oversize=isolate.
+    Of ints a bool; of numpy arrays (counts and tokens per micro-batch) a mask."""
+    return cap is not None and (num_samples > 1) & (tokens > cap)
 
 
 def step_number(index: int) -> int:
@@ -45,6 +49,17 @@ class StepSchedule:
     def samples(self) -> list[int]:
         """Every sample index of the step, in schedule order."""
         return [i for rank in self.ranks for mb in rank for i in mb]
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The samples of each micro-batch as arrays: how many each micro-batch holds (rank by
+        rank, micro-batch by micro-batch) and the samples in that order."""
+        counts = np.fromiter((len(mb) for rank in self.ranks for mb in rank), dtype=np.int64)
+        samples = np.fromiter(
+            chain.from_iterable(chain.from_iterable(self.ranks)),
+            dtype=np.int64,
+            count=int(counts.sum()),
+        )
+        return counts, samples
 
     def microbatch_tokens(self, lengths: Sequence[int]) -> list[list[int]]:
         """Tokens of each micro-batch of each DP rank: `tokens[rank][microbatch]`."""
