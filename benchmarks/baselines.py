@@ -48,18 +48,9 @@ def pack_first(
     the bin count is a multiple of dp × group; then bins, heaviest first, are dealt to ranks
     round-robin. Raises ValueError when no bin is left to split.
     """
-    bins: list[list[int]] = []
-    room: list[int] = []
-    for i in samples:
-        n = lengths[i]
-        for b, r in enumerate(room):
-            if r >= n:
-                bins[b].append(i)
-                room[b] -= n
-                break
-        else:
-            bins.append([i])
-            room.append(cap - n)
+    ids = list(samples)
+    bins = [[ids[j] for j in b] for b in first_fit_bins([lengths[i] for i in ids], cap)]
+    room = [cap - sum(lengths[i] for i in b) for b in bins]
     step = dp * group
     while len(bins) % step:
         multi = [b for b in range(len(bins)) if len(bins[b]) > 1]
