@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -19,6 +20,7 @@ from slime_hydra.schedule import (
     microbatch_lower_bound,
     violations,
 )
+from tests.families import FAMILIES, ISOLATE, lengths_of
 
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -87,6 +89,46 @@ def test_dynamic_schedules_keep_every_invariant(case):
             for mb in rank:
                 if any(lengths[i] > cap for i in mb):
                     assert len(mb) == 1, "an over-cap sample sits alone"
+
+
+@PROPERTY
+@given(
+    layouts(),
+    st.sampled_from(sorted(FAMILIES)),
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 3),
+    st.sampled_from(["tokens", "flops"]),
+)
+def test_dynamic_schedules_of_every_length_family_keep_every_invariant(
+    layout, family, seed, num_steps, balance
+):
+    # The random families of the planner benchmark (tests/families.py): lengths of shapes the
+    # planner was not tuned to, 64-600 samples a step.
+    rng = np.random.default_rng(seed)
+    max_tokens = int(rng.choice([512, 2048, 8192]))
+    gbs = int(rng.integers(64, 601))
+    lengths = lengths_of(family, rng, gbs * num_steps, max_tokens * layout.cp).tolist()
+    groups = list(range(len(lengths)))
+    isolate = family in ISOLATE
+    strategy = DynamicBatching(
+        layout,
+        gbs,
+        max_tokens,
+        oversize="isolate" if isolate else "error",
+        balance=balance,
+        flops_coefficients=(1.0, 1 / 4096),
+    )
+    try:
+        schedule = strategy.plan(lengths, groups)
+    except SlimeHydraError as exc:  # only where no count fills every rank (equal over cap/2)
+        assert "non-empty micro-batches" in str(exc)
+        return
+    assert violations(schedule, layout, groups, allow_oversize=isolate) == []
+    for st_ in schedule.steps:
+        step_lengths = [lengths[i] for i in st_.samples]
+        assert st_.num_microbatches >= microbatch_lower_bound(
+            step_lengths, strategy.cap, layout.dp, layout.microbatch_alignment
+        )
 
 
 @st.composite
