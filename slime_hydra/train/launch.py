@@ -78,12 +78,16 @@ def run_worker(payload: bytes, log_file: str, shown: frozenset[str]) -> None:
     """What each spawned worker runs: its rank's output first (train/rank_output.py; `shown`:
     the warnings the job process showed), then the trainer and job unpickled and trained.
     Unpickling the job imports megatron (the iterator), so they come pickled: megatron's
-    import-time warnings then meet this rank's filters."""
+    import-time warnings then meet this rank's filters. A rank the launcher stopped exits 1
+    without a traceback: its error file holds the stop (train() records it)."""
     setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
     trainer, job = pickle.loads(payload)
-    from slime_hydra.train.worker import train  # megatron too: after the filters
+    from slime_hydra.train.worker import Stopped, train  # megatron too: after the filters
 
-    train(trainer, job)
+    try:
+        train(trainer, job)
+    except Stopped:
+        raise SystemExit(1) from None
 
 
 def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:

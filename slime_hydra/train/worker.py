@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Stopped(Exception):
-    """The launcher stopped this rank (SIGTERM): another rank failed, or the run was cancelled."""
+class Stopped(BaseException):
+    """The launcher stopped this rank (SIGTERM): another rank failed, or the run was cancelled.
+    A BaseException, as KeyboardInterrupt is: the signal can land inside code that catches
+    `Exception` (a logging handler's flush reports and swallows it) and the stop would be lost."""
 
 
 def raise_on_sigterm() -> None:
@@ -129,7 +131,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         finally:
             if sink is not None:
                 close_sink(sink)
-    except Exception as exc:
+    except (Exception, Stopped) as exc:
         # This rank's own error, recorded before teardown makes its peers fail as well: the
         # launcher reports the rank where a failure happened (train/launch.py).
         get_error_handler().record_exception(exc)

@@ -115,3 +115,33 @@ def test_sigterm_while_training_is_one_line_exit_143_naming_the_resume(tmp_path:
         f"trainer.resume=true hydra.run.dir={tmp_path}"
     ) in text
     assert (tmp_path / "checkpoints/latest").read_text() == "1\n"
+
+
+STOP_IN_LOGGING = textwrap.dedent(
+    """
+    import io, logging, os, signal
+    from slime_hydra.train.worker import Stopped, raise_on_sigterm
+
+    class SignalOnFlush(io.StringIO):
+        '''The launcher's SIGTERM staged inside a log handler's flush (CI caught it there).'''
+        def flush(self): os.kill(os.getpid(), signal.SIGTERM)
+
+    log = logging.getLogger("rank")
+    log.addHandler(logging.StreamHandler(SignalOnFlush()))
+    raise_on_sigterm()
+    try:
+        log.warning("Saved checkpoint after step 1")
+    except Stopped:
+        raise SystemExit(7)
+    raise SystemExit(0)
+    """
+)
+
+
+def test_a_sigterm_inside_a_log_handler_still_stops_the_rank() -> None:
+    # logging's handlers report and swallow any Exception raised in emit: the stop must not be one.
+    out = subprocess.run(
+        [sys.executable, "-c", STOP_IN_LOGGING], cwd=REPO, capture_output=True, text=True
+    )
+    assert out.returncode == 7, out.stderr
+    assert "Logging error" not in out.stderr
