@@ -57,9 +57,7 @@ def dims(num_layers: int) -> ModelDims:
 
 def plan(batch: RolloutBatch, layout: ParallelLayout, cap: int) -> Schedule:
     """Two steps of 8 samples (the same samples for every layout and cap)."""
-    strategy = DynamicBatching(
-        layout, global_batch_size=8, max_tokens_per_gpu=cap
-    )
+    strategy = DynamicBatching(layout, global_batch_size=8, max_tokens_per_gpu=cap)
     return strategy.plan(batch.total_lengths, batch.group_ids)
 
 

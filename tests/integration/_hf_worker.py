@@ -103,9 +103,7 @@ def train(out: Path, ckpt: str, rollouts: str, layout: ParallelLayout) -> None:
     load_into_engine(engine, dims)
     save_logits(out, "loaded", packed_logits(unwrap(engine.chunks), dims.vocab_size))
     batch = TextRollouts(rollouts, tokenizer=ckpt).load()
-    strategy = DynamicBatching(
-        layout, global_batch_size=4, max_tokens_per_gpu=96
-    )
+    strategy = DynamicBatching(layout, global_batch_size=4, max_tokens_per_gpu=96)
     schedule = strategy.plan(batch.total_lengths, batch.group_ids)
     losses = []
     for step in range(2):
