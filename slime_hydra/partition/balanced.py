@@ -3,9 +3,11 @@
 `construct` is O(n log n) numpy: items heaviest first, one per bin in the first round (no bin
 stays empty), then rounds of B items dealt heaviest to the lightest bin while a round can still
 close the spread between bins; then items of medium weight fill each bin's room below the water
-level by largest fit, and the light ones (at most `tolerance`/2 of the level each) are poured by
-prefix sums, each bin ending within half an item of the level. What fits nowhere is dealt in
-rounds to the lightest bins.
+level by largest fit (those that fit no room first, to the lightest bins; where what is left
+would lift a bin above the level, the rooms are measured up to the proven bound on the heaviest
+bin instead), and the light ones (at most `tolerance`/2 of the level each) are poured by prefix
+sums, each bin ending within half an item of the level. What fits nowhere is dealt in rounds to
+the lightest bins.
 
 `improve` is anytime: each pass pairs the bins above the goal, heaviest first, with the
 lightest bins and applies, to every pair at once, the move or swap of one item whose shift
@@ -18,6 +20,7 @@ in item visits, so every machine plans the same) is spent.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,9 +63,8 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
     level = _level(load, int(w[start:].sum()))
     poured = max(start, int(np.searchsorted(-w, -(tolerance / 2) * level, side="left")))
     if poured > start:  # items that pouring would leave a bin too far off the level
-        room = np.maximum(np.floor(level).astype(np.int64) - load, 0)
         ids, vals = order[start:poured][::-1], w[start:poured][::-1]  # ascending
-        got = largest_fit(vals, room)
+        got = _fill_to(vals, load, level, weights, bins, tolerance)
         fits = got >= 0
         bin_of[ids[fits]] = got[fits]
         np.add.at(load, got[fits], vals[fits])
@@ -71,6 +73,62 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
         left = poured + np.flatnonzero(_pour(order[poured:], w[poured:], bin_of, load))
         _deal_rounds(order[left], w[left], bin_of, load)
     return bin_of
+
+
+FILL_STEPS = (0.0, 0.25, 0.5, 1.0)
+"""Fill levels tried above the proven bound, in units of the tolerance, when the water level
+leaves medium items no room."""
+
+
+def _fill_to(
+    vals: np.ndarray, load: np.ndarray, level: float, weights: np.ndarray, bins: int, tol: float
+) -> np.ndarray:
+    """The bin of each medium item (`vals` ascending) below the water level (`_fit_below`), or
+    -1 for those left to the lightest bins. Where those would lift a bin more than tol/2 above
+    the level (a bin's own large item took the room they needed), the level rises to the
+    proven bound on the heaviest bin and a little above; the filling whose leftovers end
+    lowest wins."""
+    goal = (1 + tol / 2) * max(level, int(load.max()))
+    got = _fit_below(vals, load, int(level))
+    top = _spilled(vals, got, load)
+    if top <= goal:
+        return got
+    bound = max_part_lower_bound(weights, bins)
+    for step in FILL_STEPS:
+        again = _fit_below(vals, load, int(bound * (1 + step * tol)))
+        again_top = _spilled(vals, again, load)
+        if again_top < top:
+            got, top = again, again_top
+        if top <= goal:
+            break
+    return got
+
+
+def _fit_below(vals: np.ndarray, load: np.ndarray, top: int) -> np.ndarray:
+    """The bin of each item (`vals` ascending) or -1: those over every bin's room below `top`
+    go first, heaviest to the lightest bin (they fit nowhere, so they take the least full
+    bins before smaller items fill those), then `largest_fit` into the rooms left."""
+    room = np.maximum(top - load, 0)
+    got = np.full(vals.size, -1, dtype=np.int64)
+    over = np.flatnonzero(vals > room.max())[::-1]
+    if over.size:
+        trial = load.copy()
+        _deal_rounds(over, vals[over], got, trial)
+        room = np.maximum(top - trial, 0)
+    fit = vals.size - over.size
+    got[:fit] = largest_fit(vals[:fit], room)
+    return got
+
+
+def _spilled(vals: np.ndarray, got: np.ndarray, load: np.ndarray) -> int:
+    """The heaviest bin once the items `got` placed are in and the others dealt in rounds to
+    the lightest bins."""
+    trial = load.copy()
+    fits = got >= 0
+    np.add.at(trial, got[fits], vals[fits])
+    left = np.flatnonzero(~fits)[::-1]
+    _deal_rounds(left, vals[left], np.empty(vals.size, dtype=np.int64), trial)
+    return int(trial.max())
 
 
 def _deal(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
@@ -388,28 +446,64 @@ class BalancedPacker:
         work: Work,
     ) -> tuple[int, np.ndarray] | None:
         """The first bin count of `counts` (ascending) these items fill, non-empty and within
-        the cap (every size <= cap), and the bin of each item; None if none. Per count: the
-        balanced construction, or where it breaks the cap largest fit in rounds, first-fit
-        decreasing (computed once: it packs every count from its own up), or largest fit
-        repaired by exchanges (a budget of its own per count, so a count that cannot be packed
-        leaves the balancing its budget); then balanced within `work`."""
-        ffd: np.ndarray | None = None
-        for bins in counts:
-            if len(sizes) < bins:
-                return None
-            bin_of = construct(weights, bins, self.tolerance)
-            if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
-                bin_of = fit_rounds(sizes, bins, cap)
-                if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > cap:
-                    ffd = first_fit_decreasing(sizes, cap) if ffd is None else ffd
-                    if int(ffd.max()) + 1 <= bins:
-                        bin_of = ffd.copy()
-                        _fill_empty(bin_of, weights, bins)
-                    elif not improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget)):
-                        continue
-            improve(bin_of, sizes, weights, bins, cap, self._goal(weights, bin_of, bins), work)
-            return bins, bin_of
+        the cap (every size <= cap), as far as the constructions below find, and the bin of
+        each item; None if none. The first count gets the balanced construction, or where it
+        breaks the cap largest fit in rounds, first-fit decreasing, or largest fit repaired by
+        exchanges. Where all fail, first-fit decreasing's own count is packable (it packs
+        every count from its own up) and the counts below it are bisected with the repair, so
+        a step tries O(log) counts, not every one up to it. The repair has a budget of its own
+        per count, so a count that cannot be packed leaves the balancing its budget; at FFD's own
+        count the balanced construction still goes first. The plan found is then balanced
+        within `work`."""
+        if not counts or len(sizes) < counts[0]:
+            return None
+        bin_of = self._cheap(sizes, weights, counts[0], cap)
+        at = 0
+        if bin_of is None:
+            ffd = first_fit_decreasing(sizes, cap)
+            fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
+            lo, hi = 0, fits
+            while lo < hi:
+                mid = (lo + hi) // 2
+                got = self._cheap(sizes, weights, counts[mid], cap) if mid else None
+                got = self._repaired(sizes, weights, counts[mid], cap) if got is None else got
+                if got is None:
+                    lo = mid + 1
+                else:
+                    bin_of, hi = got, mid
+            at = hi
+            if bin_of is None:
+                if at == len(counts) or len(sizes) < counts[at]:
+                    return None
+                bin_of = self._cheap(sizes, weights, counts[at], cap) if at else None
+                if bin_of is None:
+                    bin_of = ffd.copy()
+                    _fill_empty(bin_of, weights, counts[at])
+        bins = counts[at]
+        improve(bin_of, sizes, weights, bins, cap, self._goal(weights, bin_of, bins), work)
+        return bins, bin_of
+
+    def _cheap(
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
+    ) -> np.ndarray | None:
+        """The balanced construction into `bins`, or largest fit in rounds where it breaks the
+        cap; None where both do."""
+        bin_of = construct(weights, bins, self.tolerance)
+        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap:
+            return bin_of
+        bin_of = fit_rounds(sizes, bins, cap)
+        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap:
+            return bin_of
         return None
+
+    def _repaired(
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
+    ) -> np.ndarray | None:
+        """Largest fit in rounds into `bins` repaired by exchanges within a budget of its own;
+        None where the repair falls short."""
+        bin_of = fit_rounds(sizes, bins, cap)
+        held = improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget))
+        return bin_of if held else None
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,

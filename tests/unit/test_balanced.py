@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition import BalancedPacker, Work
+from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
 from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
@@ -47,6 +47,41 @@ def test_construct_fills_every_bin_within_one_item_of_the_mean(family, seed, bin
     counts = np.bincount(construct(w, bins, 0.01), minlength=bins)
     assert (counts > 0).all()
     assert loads.max() <= w.sum() / bins + w.max()
+
+
+def test_construct_fills_up_to_the_bound_where_the_mean_leaves_an_item_no_room():
+    # 60, 52 and 30 open the bins; the level of what is left is 68⅓, so the rooms are 8, 16
+    # and 38: the 28 and two 10s fill them, the third 10 fits no room and would make 52 + 10 +
+    # 10 = 72 in the lightest bin. Filled to the proven bound, 70, instead: {60, 10}, {52, 10,
+    # 5}, {30, 28, 10}, the optimum (60 + 5 leaves 140 for two bins of at most 69).
+    w = np.array([60, 52, 30, 28, 10, 10, 10, 5])
+    assert max(_loads(construct(w, 3, 0.01), w, 3)) == 70
+
+
+def test_construct_deals_the_items_that_fit_no_room_before_filling_the_rooms():
+    # 33, 20 and 19 open the bins; the level of what is left is 29, so the rooms are 0, 9 and
+    # 10: the 14 fits none and goes first to the lightest bin (19: 33), the 1 then to a room
+    # (20: 21). Filling the rooms first would give the 1 to the 19 and the 14 to the 20 (34).
+    w = np.array([33, 20, 19, 14, 1])
+    assert max(_loads(construct(w, 3, 0.01), w, 3)) == 33
+
+
+def test_counts_below_first_fit_decreasing_are_bisected_not_walked(monkeypatch):
+    # 600 items of 0.34 of the cap fill 300 bins, two each, and no fewer. Offered every count
+    # from 100 up, first-fit decreasing packs 300 and the 200 counts below it fail: trying
+    # each (a repair with the whole budget apiece) took seconds on near-full steps.
+    tried = []
+
+    def counted(sizes, bins, cap):
+        tried.append(bins)
+        return fit_rounds(sizes, bins, cap)
+
+    monkeypatch.setattr(balanced, "fit_rounds", counted)
+    sizes = np.full(600, 340)
+    found = BalancedPacker(budget=2000)(sizes, sizes, range(100, 601), 1000, Work(2000))
+    assert found is not None and found[0] == 300
+    assert np.bincount(found[1]).tolist() == [2] * 300
+    assert len(set(tried)) <= 10  # ⌈log2(200)⌉ + 2
 
 
 def test_fit_rounds_gives_each_bin_the_largest_item_that_fits():
