@@ -172,7 +172,7 @@ def load_dims(name: str) -> Any:
 
     from slime_hydra.schedule.cost import ModelDims
 
-    text = (REPO / "slime_hydra/conf/model" / f"{name}.yaml").read_text()
+    text = (REPO / "conf/model" / f"{name}.yaml").read_text()
     return ModelDims.from_mapping(yaml.safe_load(text))
 
 
@@ -1019,7 +1019,7 @@ def _init_single_rank(device: str) -> dict[str, Any]:
     as a trainer worker has."""
     import socket
 
-    from slime_hydra.train.distributed import init_distributed, seed_everything
+    from slime_hydra.train.run.distributed import init_distributed, seed_everything
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -1035,7 +1035,7 @@ def _init_single_rank(device: str) -> dict[str, Any]:
 def _thd_params(lengths: Sequence[int], device: str) -> Any:
     """THD params of packed sequences of these lengths, cu_seqlens where the layers want them."""
     from slime_hydra.data.packing import thd_params
-    from slime_hydra.train.model import seq_params_device
+    from slime_hydra.train.step.model import seq_params_device
 
     return thd_params([0, *accumulate(lengths)], seq_params_device(device))
 
@@ -1056,7 +1056,7 @@ def attention_check(device: str = "cuda") -> dict[str, Any]:
     from megatron.core.transformer.transformer_config import TransformerConfig
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from slime_hydra.train.attention import PackedCausalAttention
+    from slime_hydra.train.step.attention import PackedCausalAttention
 
     # Lengths around the flash kernels' tile sizes, a 1-token sequence, and a long one (shorter
     # in a CPU dry run, where the float64 reference is slow).
@@ -1192,8 +1192,8 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
     sequence leaves the other sequences' logits unchanged."""
     import torch
 
-    from slime_hydra.train.loss import token_log_probs
-    from slime_hydra.train.model import build_gpt_model, build_model_chunks
+    from slime_hydra.train.step.loss import token_log_probs
+    from slime_hydra.train.step.model import build_gpt_model, build_model_chunks
 
     dims = load_dims(TINY)
     lengths = [5, 300, 17, 64]
@@ -1276,7 +1276,7 @@ def model_parity_check(device: str = "cuda") -> dict[str, Any]:
 def probe(json_path: Path, device: str = "cuda") -> int:
     """Device, attention, model parity and parameter count; JSON at json_path. `device="cpu"`
     is a dry run of the same code on this machine's CPU (no device figures)."""
-    from slime_hydra.train.distributed import destroy_distributed
+    from slime_hydra.train.run.distributed import destroy_distributed
 
     results: dict[str, Any] = {}
     if device == "cuda":

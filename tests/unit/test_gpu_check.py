@@ -262,7 +262,7 @@ def test_loss_runs_train_the_model_on_rollout_log_probs(compose_cfg):
     """The loss depends on the model only if the ratio is not 1: the lengths-only rollout gets
     synthesized tokens, which carry the noise model's log-probs (trainer.with_tokens)."""
     from slime_hydra.data.synthetic import SyntheticGRPO
-    from slime_hydra.train.trainer import with_tokens
+    from slime_hydra.train.run.start import with_tokens
 
     rollout = SyntheticGRPO(**gc.LOSS_DATA).load()
     assert rollout.tokens is None

@@ -1,4 +1,4 @@
-"""The model build (train/model.py): megatron draws no weight that `init_weights` draws again,
+"""The model build (train/step/model.py): megatron draws no weight that `init_weights` draws again,
 and still builds what init_weights leaves (tensor-parallel attributes, zero biases, unit
 norms); the weights depend on the seed alone; cu_seqlens go where the layers read them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_hydra.train.model import build_gpt_model, init_weights, seq_params_device
+from slime_hydra.train.step.model import build_gpt_model, init_weights, seq_params_device
 from tests.hardware import needs_no_transformer_engine
 from tests.single_rank import single_rank
 from tests.unit.test_gpu_check import gc

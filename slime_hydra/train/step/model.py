@@ -21,7 +21,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.attention import PackedCausalAttention
+from slime_hydra.train.step.attention import PackedCausalAttention
 
 Device = Literal["cpu", "cuda"]
 

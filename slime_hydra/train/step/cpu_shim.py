@@ -63,7 +63,7 @@ class _CpuCuda:
     def __getattr__(self, name: str) -> Any:
         raise SlimeHydraError(
             f"megatron-core called torch.cuda.{name} on the CPU trainer, which the CPU shim "
-            f"(slime_hydra/train/cpu_shim.py, written for megatron-core {MEGATRON_VERSION}) "
+            f"(slime_hydra/train/step/cpu_shim.py, written for megatron-core {MEGATRON_VERSION}) "
             "does not map; this megatron setting needs trainer=gpu."
         )
 
@@ -93,8 +93,9 @@ def check_version() -> None:
     if found != MEGATRON_VERSION:
         raise SlimeHydraError(
             f"trainer=cpu maps megatron-core {MEGATRON_VERSION}'s CUDA placements to the CPU "
-            f"(slime_hydra/train/cpu_shim.py), but megatron-core {found} is installed: install "
-            f"megatron-core=={MEGATRON_VERSION}, or re-check the shim's call sites for {found}."
+            f"(slime_hydra/train/step/cpu_shim.py), but megatron-core {found} is installed: "
+            f"install megatron-core=={MEGATRON_VERSION}, or re-check the shim's call sites for "
+            f"{found}."
         )
 
 

@@ -1,7 +1,10 @@
-"""Checks a training run must pass before any worker starts; plain Python and numpy, no torch."""
+"""Checks a training run must pass before any worker starts (`check_training`, then each part
+it is made of); plain Python and numpy: torch only where trainer=gpu asks CUDA for its GPUs, and
+the resume check's checkpoint reader."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -9,8 +12,102 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.hf.checks import check_model_source
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule
 from slime_hydra.schedule.schedule import step_number
+from slime_hydra.train.job import Job
+from slime_hydra.train.run.nodes import node_count, num_procs
+from slime_hydra.train.run.torchrun import torchrun_env
+from slime_hydra.train.settings import CpuTrainer
+
+
+def check_training(trainer: CpuTrainer, job: Job) -> None:
+    """Everything about trainer=cpu|gpu that can be checked before a worker starts."""
+    check_knobs(
+        "trainer",
+        lr=(trainer.lr, 0.0, None),
+        weight_decay=(trainer.weight_decay, 0.0, None),
+        clip_grad=(trainer.clip_grad, 0.0, None),
+        eps_clip=(trainer.eps_clip, 0.0, 1.0),
+        eps_clip_high=(trainer.eps_clip_high, 0.0, None),
+        max_restarts=(trainer.max_restarts, 0, None),
+        nproc_per_node=(trainer.nproc_per_node, 1, None),
+    )
+    check_model_source(job.dims, job.tokenizer, trainer.export_hf)
+    check_devices(trainer, job)
+    check_vpp(job.layout, job.schedule)
+    check_model_split(job.layout, job.dims.num_layers)
+    from slime_hydra.data.iterator import padding
+
+    padding(job.pad_multiple, job.layout.tp, job.layout.cp)
+    env = torchrun_env()
+    if env is None:
+        nodes, procs = node_count(), num_procs(trainer, job)
+        source = f"trainer.nproc_per_node={procs} on {nodes} node(s)"
+        check_world_size(job.layout, procs * nodes, source)
+    else:
+        check_world_size(job.layout, env.world_size, f"torchrun (WORLD_SIZE={env.world_size})")
+    check_trainable(job.schedule, job.strategy)
+    check_steps(
+        trainer.num_steps(job), trainer.save_interval, trainer.max_steps, trainer.fail_at_step
+    )
+    model = dataclasses.asdict(job.dims)
+    procs = env.local_world_size if env is not None else num_procs(trainer, job)
+    check_rollout_fits(job.rollout, model, procs)
+    if trainer.resume or (env is not None and env.restart_count > 0):
+        check_resume(trainer, job)
+
+
+def check_resume(trainer: CpuTrainer, job: Job) -> None:
+    """The latest checkpoint must be whole (every rank's file loads, weights only) and belong to
+    this schedule; on a plain resume there must be one."""
+    from slime_hydra.train.run.checkpoint import (
+        checkpoint_root,
+        identity,
+        schedule_digest,
+        verify,
+    )
+
+    run_dir = job.run.run_dir
+    digest, ident = schedule_digest(job.schedule), identity(job.layout, job.dims)
+    steps_done = verify(run_dir, job.layout.world_size, digest, ident)
+    if steps_done is None and trainer.resume:
+        raise SlimeHydraError(
+            f"trainer.resume=true but {checkpoint_root(run_dir)} holds no checkpoint: pass "
+            "the earlier run's hydra.run.dir, or drop trainer.resume (and the run dir)."
+        )
+
+
+def check_devices(trainer: CpuTrainer, job: Job) -> None:
+    """What this machine's devices and the layers it builds cannot run (checked first, before
+    the world size): megatron's local layers on CPU; on trainer=gpu, CUDA with a GPU per local
+    rank first (a machine without GPUs hears that first), then its layers."""
+    if trainer.device == "cpu":
+        check_sequence_parallel(job.layout, transformer_engine=False)
+        return
+    import torch
+
+    from slime_hydra.train.step.model import has_transformer_engine
+
+    if not torch.cuda.is_available():
+        layout = job.layout
+        raise SlimeHydraError(
+            f"trainer=gpu needs {layout.world_size} CUDA GPUs (parallel.dp×tp×pp×cp = "
+            f"{layout.dp}×{layout.tp}×{layout.pp}×{layout.cp}) with NCCL, and this machine has "
+            "none. trainer=plan simulates this layout's "
+            "schedule on CPU; trainer=cpu trains the tiny model on CPU ranks."
+        )
+    env = torchrun_env()
+    local = env.local_world_size if env is not None else num_procs(trainer, job)
+    check_gpu_count(job.layout, local, torch.cuda.device_count())
+    check_sequence_parallel(job.layout, has_transformer_engine())
+    if trainer.use_distributed_optimizer and (trainer.resume or trainer.max_restarts):
+        raise SlimeHydraError(
+            "trainer.use_distributed_optimizer=true shards Adam's state over the DP ranks, "
+            "which this project's checkpoints do not save yet, so a resume or an elastic "
+            "restart would silently restart it: set trainer.use_distributed_optimizer=false, "
+            "or trainer.resume=false and trainer.max_restarts=0."
+        )
 
 
 def check_world_size(layout: ParallelLayout, world_size: int, source: str) -> None:

@@ -3,7 +3,7 @@ with mbridge 0.15.1's Qwen2 bridge (the HF↔megatron-core mapping slime uses).
 
 Its Qwen2 bridge is used for the name mapping, the q/k/v and gate/up merges, the TP splits and
 merges and the PP broadcasts. What ours changes:
-- we build the model ourselves (train/model.py: our layer spec, our packed attention, any
+- we build the model ourselves (train/step/model.py: our layer spec, our packed attention, any
   device); mbridge's `get_model` hard-codes Transformer Engine and `.cuda()`;
 - megatron's local layer spec names its norms `input_layernorm` and `pre_mlp_layernorm` (TE fuses
   them into the linear layers), so both are added to the mappings;
@@ -11,7 +11,7 @@ merges and the PP broadcasts. What ours changes:
 - Qwen2Bridge rewrites a class-level mapping when embeddings are tied, so a later untied model
   in the same process would load its embedding into the output layer: ours keeps a copy per
   instance;
-- the vocabulary is padded as train/model.py pads it (a multiple of 128 × tp);
+- the vocabulary is padded as train/step/model.py pads it (a multiple of 128 × tp);
 - on CPU, its PP broadcast allocates with `torch.cuda.current_device()`: mapped to the CPU.
 """
 
@@ -31,7 +31,7 @@ from megatron.core import parallel_state
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checkpoint import HfCheckpoint
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.model import padded_vocab_size
+from slime_hydra.train.step.model import padded_vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,10 @@ def _bridge_class() -> type:
 
 def _cpu_placements() -> None:
     """mbridge's PP broadcast allocates its receive buffer on `torch.cuda.current_device()`;
-    on the CPU trainer the CPU shim's torch proxy (train/cpu_shim.py) places it on the CPU."""
+    on the CPU trainer the CPU shim's torch proxy (train/step/cpu_shim.py) places it on the CPU."""
     import mbridge.core.util as util
 
-    from slime_hydra.train.cpu_shim import _CpuTorch
+    from slime_hydra.train.step.cpu_shim import _CpuTorch
 
     if not isinstance(util.torch, _CpuTorch):
         util.torch = _CpuTorch()

@@ -12,6 +12,11 @@ import re
 import socket
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slime_hydra.train.job import Job
+    from slime_hydra.train.settings import CpuTrainer
 
 SLURM_RDZV_PORT = 29500
 
@@ -65,3 +70,10 @@ def job_nodes() -> Nodes:
             run_id=f"slime_hydra-slurm-{os.environ.get('SLURM_JOB_ID', 'job')}",
         )
     return Nodes(1, 0, f"127.0.0.1:{free_port()}", f"slime_hydra-{uuid.uuid4().hex[:8]}")
+
+
+def num_procs(trainer: CpuTrainer, job: Job) -> int:
+    """Workers to start on this node: trainer.nproc_per_node, or the world size over the nodes."""
+    if trainer.nproc_per_node is None:
+        return job.layout.world_size // node_count()
+    return trainer.nproc_per_node

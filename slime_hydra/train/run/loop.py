@@ -11,7 +11,6 @@ import math
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 from megatron.core import parallel_state
@@ -22,13 +21,11 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.schedule import step_number
-from slime_hydra.train import checkpoint
-from slime_hydra.train.engine import MegatronEngine, StepResult
 from slime_hydra.train.job import Job
-from slime_hydra.train.torchrun import TorchrunEnv
-
-if TYPE_CHECKING:
-    from slime_hydra.train.trainer import CpuTrainer
+from slime_hydra.train.run import checkpoint
+from slime_hydra.train.run.torchrun import TorchrunEnv
+from slime_hydra.train.settings import CpuTrainer
+from slime_hydra.train.step.engine import MegatronEngine, StepResult
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +184,7 @@ def save(
             checkpoint.checkpoint_root(run_dir),
         )
     if export:
-        from slime_hydra.train.hf_bridge import export_hf
+        from slime_hydra.train.step.hf_bridge import export_hf
 
         export_hf(engine.chunks, job.dims, run_dir / "hf")
         if env.rank == 0:

@@ -5,7 +5,7 @@ One GPTModel chunk per VPP stage wrapped in megatron's DistributedDataParallel,
 the layout) with one pass of the rank's micro-batch iterator per chunk, per-token loss
 normalisation (`calculate_per_token_loss`) and `finalize_model_grads`. Devices differ only in
 backend (gloo/NCCL), attention kernel (packed torch SDPA / Transformer Engine), dtype and the
-optimizer class (train/optimizer.py); on CPU, `cpu_shim` maps megatron's CUDA placements.
+optimizer class (train/step/optimizer.py); on CPU, `cpu_shim` maps megatron's CUDA placements.
 
 The loss function returns (loss summed over this rank's tokens, its loss-token count, sums for
 logging); megatron sums the counts over micro-batches, PP and DP×CP in `finalize_model_grads`
@@ -35,9 +35,9 @@ from slime_hydra.data.iterator import MicrobatchIterator
 from slime_hydra.data.packing import PackedMicrobatch
 from slime_hydra.schedule import ParallelLayout
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.loss import clipped_policy_loss, token_log_probs
-from slime_hydra.train.model import Device, build_model_chunks, seq_params_device
-from slime_hydra.train.optimizer import (
+from slime_hydra.train.step.loss import clipped_policy_loss, token_log_probs
+from slime_hydra.train.step.model import Device, build_model_chunks, seq_params_device
+from slime_hydra.train.step.optimizer import (
     OptimizerSettings,
     build_optimizer,
     grad_scaler,

@@ -13,17 +13,18 @@ from torch.distributed.elastic.multiprocessing.errors import get_error_handler, 
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sinks import open_sinks
-from slime_hydra.train import checkpoint, cpu_shim
-from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.engine import MegatronEngine, PolicyLoss
 from slime_hydra.train.job import Job
-from slime_hydra.train.loop import run_steps
-from slime_hydra.train.optimizer import OptimizerSettings
-from slime_hydra.train.torchrun import TorchrunEnv, torchrun_env
+from slime_hydra.train.run import checkpoint
+from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.run.loop import run_steps
+from slime_hydra.train.run.torchrun import TorchrunEnv, torchrun_env
+from slime_hydra.train.settings import CpuTrainer
+from slime_hydra.train.step import cpu_shim
+from slime_hydra.train.step.engine import MegatronEngine, PolicyLoss
+from slime_hydra.train.step.optimizer import OptimizerSettings
 
 if TYPE_CHECKING:
     from slime_hydra.log.sink import Sink
-    from slime_hydra.train.trainer import CpuTrainer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def check_same_run_dir(job: Job) -> None:
 
 def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
     """The one engine on this trainer's device and dtype, with model.path's weights where given;
-    on CPU, megatron's CUDA placements are mapped to the CPU first (train/cpu_shim.py)."""
+    on CPU, megatron's CUDA placements are mapped to the CPU first (train/step/cpu_shim.py)."""
     if trainer.device == "cpu":
         cpu_shim.apply()
     engine = MegatronEngine(
@@ -81,7 +82,7 @@ def build_engine(trainer: CpuTrainer, job: Job) -> MegatronEngine:
         use_distributed_optimizer=trainer.use_distributed_optimizer,
     )
     if job.dims.path is not None:  # model=hf: its weights replace the seeded ones
-        from slime_hydra.train.hf_bridge import load_into_engine
+        from slime_hydra.train.step.hf_bridge import load_into_engine
 
         load_into_engine(engine, job.dims)
     return engine
@@ -133,7 +134,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
                 close_sink(sink)
     except (Exception, Stopped) as exc:
         # This rank's own error, recorded before teardown makes its peers fail as well: the
-        # launcher reports the rank where a failure happened (train/launch.py).
+        # launcher reports the rank where a failure happened (train/run/launch.py).
         get_error_handler().record_exception(exc)
         raise
     finally:

@@ -146,7 +146,7 @@ def save(
 ) -> None:
     """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`);
     `ident` is `identity(layout, dims)` of the run."""
-    from slime_hydra.train.optimizer import checkpoint_state
+    from slime_hydra.train.step.optimizer import checkpoint_state
 
     path = rank_file(run_dir, steps_done, rank)
     make_dirs(path.parent, run_dir)

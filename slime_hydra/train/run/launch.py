@@ -1,5 +1,5 @@
 """Start the workers from inside the Hydra job through torch's elastic launcher (torchrun's
-machinery): `trainer.nproc_per_node` processes on each node of the job (train/nodes.py)."""
+machinery): `trainer.nproc_per_node` processes on each node of the job (train/run/nodes.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
@@ -19,11 +18,9 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.rundir import LOG_FILE
 from slime_hydra.train.job import Job
-from slime_hydra.train.nodes import job_nodes
-from slime_hydra.train.rank_output import setup_rank_output, shown_warnings
-
-if TYPE_CHECKING:
-    from slime_hydra.train.trainer import CpuTrainer
+from slime_hydra.train.run.nodes import job_nodes, num_procs
+from slime_hydra.train.run.rank_output import setup_rank_output, shown_warnings
+from slime_hydra.train.settings import CpuTrainer
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +33,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
-        nproc_per_node=trainer.num_procs(job),
+        nproc_per_node=num_procs(trainer, job),
         run_id=nodes.run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=nodes.endpoint,
@@ -46,7 +43,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     )
     log.info(
         "Launching %d %s workers on node %d of %d (rendezvous %s, max_restarts=%d)",
-        trainer.num_procs(job),
+        num_procs(trainer, job),
         trainer.backend,
         nodes.rank,
         nodes.count,
@@ -63,7 +60,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
         payload = pickle.dumps((trainer, job))
         elastic_launch(config, run_worker)(payload, log_file, shown_warnings())
     except ChildFailedError as exc:
-        first = nodes.rank * trainer.num_procs(job)
+        first = nodes.rank * num_procs(trainer, job)
         failures = {**recorded_failures(Path(logs), first), **exc.failures}
         rank = root_cause(failures)
         if not failure_text(failures[rank]).startswith(SlimeHydraError.__name__ + ":"):
@@ -75,14 +72,14 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
 
 
 def run_worker(payload: bytes, log_file: str, shown: frozenset[str]) -> None:
-    """What each spawned worker runs: its rank's output first (train/rank_output.py; `shown`:
+    """What each spawned worker runs: its rank's output first (train/run/rank_output.py; `shown`:
     the warnings the job process showed), then the trainer and job unpickled and trained.
     Unpickling the job imports megatron (the iterator), so they come pickled: megatron's
     import-time warnings then meet this rank's filters. A rank the launcher stopped exits 1
     without a traceback: its error file holds the stop (train() records it)."""
     setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
     trainer, job = pickle.loads(payload)
-    from slime_hydra.train.worker import Stopped, train  # megatron too: after the filters
+    from slime_hydra.train.run.worker import Stopped, train  # megatron too: after the filters
 
     try:
         train(trainer, job)
