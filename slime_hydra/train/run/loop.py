@@ -59,11 +59,12 @@ def run_steps(
     job: Job,
     env: TorchrunEnv,
     steps_done: int,
-    sink: Sink | None,
+    sink: Sink,
     counters: dict[str, int] | None = None,
 ) -> None:
-    """Train steps steps_done+1..num_steps (counted from 1); `sink` is rank 0's (None
-    elsewhere); `counters` are the loop's counts saved with the checkpoint it resumes from."""
+    """Train steps steps_done+1..num_steps (counted from 1); `sink` is rank 0's (one that does
+    nothing elsewhere, where the progress line is below the log level too, rank_output.py);
+    `counters` are the loop's counts saved with the checkpoint it resumes from."""
     counters = {"skipped_steps": 0, **(counters or {})}
     num_steps = trainer.num_steps(job)
     digest = checkpoint.schedule_digest(job.schedule)
@@ -92,29 +93,28 @@ def run_steps(
             )
         elif step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
-        if sink is not None:
-            tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
-            sink.log(
-                {
-                    "step": step,
-                    **result.metrics(),
-                    "train/skipped_steps": counters["skipped_steps"],
-                    "perf/step_s": step_s,
-                    "perf/tokens_per_s": tokens / step_s,
-                    **job.batch_metrics(index),
-                }
-            )
-            eta = (time.perf_counter() - begun) / (step - steps_done) * (num_steps - step)
-            log.info(
-                "step %d/%d  loss %.4f  grad_norm %.3f  %.2f s  %.0f tok/s  eta %.0f s",
-                step,
-                num_steps,
-                result.loss,
-                result.grad_norm,
-                step_s,
-                tokens / step_s,
-                eta,
-            )
+        tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
+        sink.log(
+            {
+                "step": step,
+                **result.metrics(),
+                "train/skipped_steps": counters["skipped_steps"],
+                "perf/step_s": step_s,
+                "perf/tokens_per_s": tokens / step_s,
+                **job.batch_metrics(index),
+            }
+        )
+        eta = (time.perf_counter() - begun) / (step - steps_done) * (num_steps - step)
+        log.info(
+            "step %d/%d  loss %.4f  grad_norm %.3f  %.2f s  %.0f tok/s  eta %.0f s",
+            step,
+            num_steps,
+            result.loss,
+            result.grad_norm,
+            step_s,
+            tokens / step_s,
+            eta,
+        )
         if step == num_steps or (trainer.save_interval and step % trainer.save_interval == 0):
             save(engine, job, env, step, digest, counters, trainer.export_hf)
 

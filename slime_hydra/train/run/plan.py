@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 
+from slime_hydra.log.sink import NoSink
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
@@ -37,7 +38,7 @@ def run_plan(trainer: PlanTrainer, job: Job) -> float:
     steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
     needs more than trainer.memory_limit_gib per GPU. Under torchrun only rank 0 logs: it
     owns (and has locked) the run dir, so no other rank writes into it."""
-    sink = open_sinks(job.logger, job.run, job.schedule, table=True) if is_rank_zero() else None
+    sink = open_sinks(job.logger, job.run, job.schedule, table=True) if is_rank_zero() else NoSink()
     total = 0.0
     try:
         for step in job.schedule.steps:
@@ -46,14 +47,12 @@ def run_plan(trainer: PlanTrainer, job: Job) -> float:
                 **job.batch_metrics(step.step),
                 **simulate(trainer, job, step),
             }
-            if sink is not None:
-                sink.log(metrics)
+            sink.log(metrics)
             broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
             total += math.inf if broken else metrics["sim/step_s"]
             total += memory_penalty(trainer, metrics["step"], metrics["sim/peak_memory_gib"])
     finally:
-        if sink is not None:
-            sink.close()
+        sink.close()
     return total
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.log.sink import NoSink, Sink
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
@@ -22,9 +22,6 @@ from slime_hydra.train.settings import CpuTrainer
 from slime_hydra.train.step import cpu_shim
 from slime_hydra.train.step.engine import MegatronEngine, PolicyLoss
 from slime_hydra.train.step.optimizer import OptimizerSettings
-
-if TYPE_CHECKING:
-    from slime_hydra.log.sink import Sink
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +44,9 @@ def raise_on_sigterm() -> None:
 
 
 def close_sink(sink: Sink) -> None:
-    """Close rank 0's sinks to the end: a SIGTERM that arrives meanwhile (the launcher stopping
-    this rank after a peer failed) is ignored, SIGKILL still bounds it."""
+    """Close this rank's sinks to the end (rank 0's write out wandb's steps; the others' do
+    nothing): a SIGTERM that arrives meanwhile or in the teardown after it (the launcher
+    stopping this rank after a peer failed) is ignored, SIGKILL still bounds it."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sink.close()
 
@@ -121,17 +119,16 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         seed_everything(job.seed)
         engine = build_engine(trainer, job)
         done, counters = steps_done(trainer, job, env, engine)
-        sink = None
-        if env.rank == 0:  # metrics.jsonl keeps the rows of the steps done: each step once
-            sink = open_sinks(job.logger, job.run, job.schedule, done)
+        # Rank 0 logs (metrics.jsonl keeps the rows of the steps done: each step once); every
+        # other rank gets a sink that does nothing.
+        sink = open_sinks(job.logger, job.run, job.schedule, done) if env.rank == 0 else NoSink()
         # Rank 0's logger start (wandb.init, bounded by logger.init_timeout) ends before any
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()
         try:
             run_steps(engine, trainer, job, env, done, sink, counters)
         finally:
-            if sink is not None:
-                close_sink(sink)
+            close_sink(sink)
     except (Exception, Stopped) as exc:
         # This rank's own error, recorded before teardown makes its peers fail as well: the
         # launcher reports the rank where a failure happened (train/run/launch.py).
