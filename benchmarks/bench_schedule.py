@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The cost a·L + b·L² of conf/model/qwen2_5_7b.yaml: what balance=flops and plan mode use.
 FLOPS = flops_coefficients(
     ModelDims.from_mapping(
-        OmegaConf.to_container(OmegaConf.load(ROOT / "slime_hydra/conf/model/qwen2_5_7b.yaml"))
+        OmegaConf.to_container(OmegaConf.load(ROOT / "conf/model/qwen2_5_7b.yaml"))
     )
 )
 

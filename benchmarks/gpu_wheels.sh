@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Download, here, the wheels that benchmarks/gpu_check.sh installs on the device machine:
 # megatron-core, hydra-core, omegaconf, antlr4-python3-runtime, wandb and those of their
-# dependencies the device's image lacks (benchmarks/gpu_check.py: DEVICE_PACKAGES), for the
+# dependencies the device's image lacks (benchmarks/gpu/wheels.py: DEVICE_PACKAGES), for the
 # device's CPython (GPU_PYTHON_VERSION, default 3.12: the lent image's) on manylinux x86_64.
 # torch is never downloaded: the device has 2.11+cu130.
 #   bash benchmarks/gpu_wheels.sh [DEST]          # DEST defaults to .gpu_wheels (git-ignored)

@@ -11,9 +11,18 @@ from slime_hydra.config import register_configs
 
 register_configs()
 
-# The configs ship inside the package (a wheel install has them). An absolute path: the console
-# script imports this module by name, where Hydra would read a relative config_path as a package.
-CONF_DIR = str(Path(__file__).resolve().parent / "conf")
+
+def conf_dir() -> str:
+    """The configs: slime_hydra/conf inside an installed wheel (setup.py ships the top-level conf/
+    there), else the checkout's conf/ (a checkout or an editable install). An absolute path: the
+    console script imports this module by name, where Hydra would read a relative config_path as
+    a package."""
+    package = Path(__file__).resolve().parent
+    shipped = package / "conf"
+    return str(shipped if shipped.is_dir() else package.parent / "conf")
+
+
+CONF_DIR = conf_dir()
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

@@ -35,9 +35,10 @@ from slime_hydra.rundir import (
 )
 from slime_hydra.schedule import violations
 from slime_hydra.train.job import Job
-from slime_hydra.train.nodes import node_rank
-from slime_hydra.train.rank_output import setup_rank_output
-from slime_hydra.train.torchrun import is_rank_zero, torchrun_env
+from slime_hydra.train.run.nodes import node_rank
+from slime_hydra.train.run.rank_output import setup_rank_output
+from slime_hydra.train.run.start import check, start
+from slime_hydra.train.run.torchrun import is_rank_zero, torchrun_env
 
 log = logging.getLogger("slime_hydra")
 
@@ -143,7 +144,7 @@ def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:
         if owner:
             claim(info.run_dir, info.config, resuming(trainer))
             rows_done(info.run_dir / "metrics.jsonl", steps_done=0)  # damaged lines: refused now
-        trainer.check(job)
+        check(trainer, job)
         written: list[Path] = []
         if owner:
             hydra = HydraConfig.get() if HydraConfig.initialized() else None
@@ -152,7 +153,7 @@ def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:
         if attempt is not None:
             attempt.wrote = True
         try:
-            objective = trainer.run(job)
+            objective = start(trainer, job)
         except BaseException:
             if written and not resuming(trainer) and not started(info.run_dir):
                 discard_run_files(info.run_dir, written)

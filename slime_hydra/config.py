@@ -31,8 +31,7 @@ from slime_hydra.schedule import BatchingStrategy, ParallelLayout
 from slime_hydra.schedule.cost import flops_coefficients
 from slime_hydra.schedule.dynamic import Balance, Oversize
 from slime_hydra.schedule.legacy import VppRounding
-from slime_hydra.train.plan import PlanTrainer
-from slime_hydra.train.trainer import CpuTrainer, GpuTrainer
+from slime_hydra.train.settings import CpuTrainer, GpuTrainer, PlanTrainer
 
 log = logging.getLogger(__name__)
 

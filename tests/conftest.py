@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from slime_hydra.config import register_configs
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "slime_hydra" / "conf"
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def needs_fewer_cuda_than(count: int) -> None:
 def needs_no_transformer_engine() -> None:
     """Skip the calling test (which asserts what happens without Transformer Engine) on a host
     where megatron-core can build TE layers."""
-    from slime_hydra.train.model import has_transformer_engine
+    from slime_hydra.train.step.model import has_transformer_engine
 
     if has_transformer_engine():
         pytest.skip("asserts a host without Transformer Engine; this one has it")

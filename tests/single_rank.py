@@ -14,7 +14,7 @@ import torch.distributed as dist
 @contextlib.contextmanager
 def single_rank() -> Iterator[None]:
     """The trainer's own `init_distributed` on one gloo process; torn down after."""
-    from slime_hydra.train.distributed import destroy_distributed, init_distributed
+    from slime_hydra.train.run.distributed import destroy_distributed, init_distributed
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

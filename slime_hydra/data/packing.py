@@ -60,7 +60,7 @@ class PackedMicrobatch:
 @dataclass
 class ThdParams(PackedSeqParams):
     """megatron-core's PackedSeqParams (qkv_format 'thd') that also carries the sequence
-    boundaries as Python ints, so the packed attention (train/attention.py) slices sequences
+    boundaries as Python ints, so the packed attention (train/step/attention.py) slices sequences
     without reading cu_seqlens back from the GPU in every layer."""
 
     bounds: tuple[int, ...] = ()

@@ -42,9 +42,11 @@ class Sink(Protocol):
 
 
 class NoSink:
-    """The `logger=jsonl` choice: nothing beyond the always-on metrics.jsonl."""
+    """A sink that drops everything: the `logger=jsonl` choice (nothing beyond the always-on
+    metrics.jsonl), and every rank's but the one that logs, so that the code that logs has no
+    `if sink is not None` (torchtitan's pattern)."""
 
-    def __init__(self, run: RunInfo, schedule: Schedule | None = None) -> None:
+    def __init__(self, run: RunInfo | None = None, schedule: Schedule | None = None) -> None:
         del run, schedule
 
     def log(self, metrics: Metrics) -> None:

@@ -21,8 +21,9 @@ from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule import ParallelLayout
-from slime_hydra.train.checks import check_gpu_count, check_knobs, check_rollout_fits
-from slime_hydra.train.plan import PlanTrainer
+from slime_hydra.train.run.checks import check_gpu_count, check_knobs, check_rollout_fits
+from slime_hydra.train.run.plan import check_plan
+from slime_hydra.train.settings import PlanTrainer
 
 # -- jsonl / parquet traces -------------------------------------------------------------------
 
@@ -281,7 +282,7 @@ def test_trace_bytes_and_structure_are_named_by_line(tmp_path, data, needle):
 )
 def test_plan_cost_model_knobs_must_be_positive(kwargs, needle):
     with pytest.raises(SlimeHydraError, match=needle):
-        PlanTrainer(**kwargs).check(None)  # type: ignore[arg-type]
+        check_plan(PlanTrainer(**kwargs))
 
 
 def test_trainer_knobs_are_checked():

@@ -25,7 +25,7 @@ from slime_hydra.hf.checkpoint import HfCheckpoint
 from slime_hydra.log.jsonl import rows_done
 from slime_hydra.report.rundir import RunDir
 from slime_hydra.rundir import claim
-from slime_hydra.train.checkpoint import latest_step
+from slime_hydra.train.run.checkpoint import latest_step
 from tests.hf_models import train_tokenizer
 
 SETTINGS = settings(

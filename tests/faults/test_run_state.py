@@ -20,9 +20,9 @@ from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.rundir import RunDirError, RunDirLock, claim, diff_configs
 from slime_hydra.schedule import ParallelLayout
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train import checkpoint
-from slime_hydra.train.launch import failure_report, recorded_failures
-from slime_hydra.train.loop import step_skipped
+from slime_hydra.train.run import checkpoint
+from slime_hydra.train.run.launch import failure_report, recorded_failures
+from slime_hydra.train.run.loop import step_skipped
 from tests.faults.rundir import assert_untouched, snapshot
 
 CONFIG = {

@@ -25,7 +25,7 @@ RANK0 = textwrap.dedent(
     from pathlib import Path
     from slime_hydra.log.sink import FanOut, RunInfo
     from slime_hydra.log.wandb import WandbSink
-    from slime_hydra.train.worker import close_sink, raise_on_sigterm
+    from slime_hydra.train.run.worker import close_sink, raise_on_sigterm
 
     class SignalOnClose:
         '''Stages the launcher's SIGTERM at the worst moment: while the sinks close.'''
@@ -120,7 +120,7 @@ def test_sigterm_while_training_is_one_line_exit_143_naming_the_resume(tmp_path:
 STOP_IN_LOGGING = textwrap.dedent(
     """
     import io, logging, os, signal
-    from slime_hydra.train.worker import Stopped, raise_on_sigterm
+    from slime_hydra.train.run.worker import Stopped, raise_on_sigterm
 
     class SignalOnFlush(io.StringIO):
         '''The launcher's SIGTERM staged inside a log handler's flush (CI caught it there).'''

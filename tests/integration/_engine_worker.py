@@ -23,13 +23,13 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, Schedule
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train import cpu_shim
-from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.engine import TENSORS, MegatronEngine, PolicyLoss
-from slime_hydra.train.loop import rank_microbatches
-from slime_hydra.train.model import build_model_chunks, global_name
-from slime_hydra.train.optimizer import OptimizerSettings, no_weight_decay
-from slime_hydra.train.trainer import with_tokens
+from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.run.loop import rank_microbatches
+from slime_hydra.train.run.start import with_tokens
+from slime_hydra.train.step import cpu_shim
+from slime_hydra.train.step.engine import TENSORS, MegatronEngine, PolicyLoss
+from slime_hydra.train.step.model import build_model_chunks, global_name
+from slime_hydra.train.step.optimizer import OptimizerSettings, no_weight_decay
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 1234
@@ -51,7 +51,7 @@ def rollout() -> RolloutBatch:
 
 
 def dims(num_layers: int) -> ModelDims:
-    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml"))
+    cfg = OmegaConf.to_container(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
     return ModelDims.from_mapping({**cfg, "num_layers": num_layers})
 
 

@@ -24,13 +24,13 @@ from slime_hydra.data.packing import thd_params
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
-from slime_hydra.train import cpu_shim
-from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.engine import MegatronEngine, PolicyLoss
-from slime_hydra.train.hf_bridge import export_hf, load_hf_weights, load_into_engine, unwrap
-from slime_hydra.train.loop import rank_microbatches
-from slime_hydra.train.model import build_model_chunks
-from slime_hydra.train.optimizer import OptimizerSettings
+from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.run.loop import rank_microbatches
+from slime_hydra.train.step import cpu_shim
+from slime_hydra.train.step.engine import MegatronEngine, PolicyLoss
+from slime_hydra.train.step.hf_bridge import export_hf, load_hf_weights, load_into_engine, unwrap
+from slime_hydra.train.step.model import build_model_chunks
+from slime_hydra.train.step.optimizer import OptimizerSettings
 
 SEED = 5
 SEQUENCES = [[3, 17, 250, 9, 44, 101, 7, 7, 12, 299, 1, 64, 65], list(range(30, 51))]

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 
 from slime_hydra.data.packing import ThdParams, thd_params
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.distributed import destroy_distributed, init_distributed, seed_everything
-from slime_hydra.train.loss import policy_loss
-from slime_hydra.train.model import build_model_chunks
+from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.step.loss import policy_loss
+from slime_hydra.train.step.model import build_model_chunks
 
 REPO = Path(__file__).resolve().parents[2]
 LENGTHS = [5, 9, 3]
@@ -50,7 +50,7 @@ def main(out: str, tp: int) -> None:
     init_distributed(tp=tp)
     try:
         seed_everything(1234)
-        dims = ModelDims.from_mapping(OmegaConf.load(REPO / "slime_hydra/conf/model/tiny.yaml"))
+        dims = ModelDims.from_mapping(OmegaConf.load(REPO / "conf/model/tiny.yaml"))
         (model,) = build_model_chunks(dims, seed=1234)
         gen = torch.Generator().manual_seed(0)
         tokens = [torch.randint(0, 256, (n,), generator=gen) for n in LENGTHS]

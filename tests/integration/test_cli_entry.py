@@ -50,7 +50,7 @@ def test_help_lists_every_group_option_and_no_schema_node():
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert "base_" not in text
-    groups = [p for p in (REPO / "slime_hydra/conf").iterdir() if p.is_dir() and p.name != "hydra"]
+    groups = [p for p in (REPO / "conf").iterdir() if p.is_dir() and p.name != "hydra"]
     for group in groups:
         for option in group.glob("*.yaml"):
             assert option.stem in text, f"--help does not name {group.name}={option.stem}"
@@ -101,10 +101,9 @@ def test_a_wheel_install_carries_the_configs_and_runs(tmp_path):
     (they ship inside it) and runs a plan from a directory that has no conf/."""
     src, wheels, site = tmp_path / "src", tmp_path / "wheels", tmp_path / "site"
     # A copy of the sources: setuptools builds in the source tree, which stays untouched.
-    shutil.copytree(
-        REPO / "slime_hydra", src / "slime_hydra", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("slime_hydra", "conf"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, src / name)
     pip = [sys.executable, "-m", "pip", "-q"]
     subprocess.run(

@@ -33,7 +33,7 @@ def test_two_ranks_print_rank_0s_progress_once_and_each_warning_once(tmp_path: P
     log = (tmp_path / "slime_hydra.log").read_text()
     for k in range(1, 5):  # 4 steps: each progress line once, in the output and the log
         assert out.count(f"step {k}/4 ") == 1, out[-6000:]
-        assert log.count(f"[rank 0][slime_hydra.train.loop][INFO] - step {k}/4 ") == 1
+        assert log.count(f"[rank 0][slime_hydra.train.run.loop][INFO] - step {k}/4 ") == 1
     assert "[rank 1]" not in out and "[rank 1]" not in log
     shown = [line.split(WARNING, 1)[1] for line in out.splitlines() if WARNING in line]
     assert shown and len(shown) == len(set(shown))  # every warning once per run

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.data.packing import pack_microbatch
-from slime_hydra.train.attention import chunk_rows
+from slime_hydra.train.step.attention import chunk_rows
 from tests.rollouts import random_tokens
 
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
-MODELS = Path(__file__).resolve().parents[2] / "slime_hydra/conf/model"
+MODELS = Path(__file__).resolve().parents[2] / "conf/model"
 
 
 def test_model_configs_load() -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.train import cpu_shim
+from slime_hydra.train.step import cpu_shim
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="the CPU shim is for hosts without CUDA"

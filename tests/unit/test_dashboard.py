@@ -51,7 +51,7 @@ def test_schedule_panels_plot_what_step_metrics_logs_and_the_cap_expression_is_t
 
 
 def test_training_and_sweep_keys_are_ones_the_trainers_and_the_summary_log() -> None:
-    logged = "".join(p.read_text() for p in (PACKAGE / "train").glob("*.py"))
+    logged = "".join(p.read_text() for p in (PACKAGE / "train").rglob("*.py"))
     keys = {k for keys in lines("Training").values() for k in keys}
     assert all(f'"{k}"' in logged for k in keys), sorted(k for k in keys if f'"{k}"' not in logged)
     (parallel,) = [p for s in dashboard("p").sections for p in s.panels if isinstance(p, Parallel)]

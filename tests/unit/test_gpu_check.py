@@ -4,27 +4,42 @@ loss comparison, the memory fit, the result JSON and the list of wheels to carry
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.gpu.figures import (
+    compare_losses,
+    fp16_summary,
+    largest_safe_micro_batch_size,
+    load_dims,
+    memory_at,
+    memory_fit,
+    mfu,
+    param_count,
+    sequence_flops,
+    step_flops,
+    summarize_run,
+    tokens_that_fit,
+)
+from benchmarks.gpu.results import assemble_results, result_table
+from benchmarks.gpu.runner import read_rows
+from benchmarks.gpu.runs import cli_command, fp16_run, loss_runs, skip_reason, throughput_runs
+from benchmarks.gpu.settings import (
+    CARD_GIB,
+    LOSS_DATA,
+    SEED,
+    THROUGHPUT_CAP,
+    THROUGHPUT_DATA,
+    THROUGHPUT_GBS,
+    THROUGHPUT_MODEL,
+)
+from benchmarks.gpu.wheels import normalize, wheels_to_fetch
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks/gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-gc = _load()
 
 
 def dims(**overrides) -> ModelDims:
@@ -53,8 +68,8 @@ def test_param_count_tiny_by_hand():
     # Embedding 256·128 = 32768, output layer 32768, final norm 128.
     expected = 32768 + 32768 + 2 * 246272 + 128
     assert expected == 558208
-    assert gc.param_count(gc.load_dims("tiny")) == expected
-    assert gc.param_count(dims()) == expected
+    assert param_count(load_dims("tiny")) == expected
+    assert param_count(dims()) == expected
 
 
 def test_param_count_qwen2_5_1_5b_by_hand():
@@ -65,21 +80,21 @@ def test_param_count_qwen2_5_1_5b_by_hand():
     assert per_layer == 46797824
     expected = 151936 * 1536 + 28 * per_layer + 1536
     assert expected == 1_543_714_304  # HF's model card: 1.54B, 1.31B without embeddings
-    d = gc.load_dims(gc.THROUGHPUT_MODEL)
-    assert gc.param_count(d) == expected
-    assert gc.param_count(d) - 151936 * 1536 == pytest.approx(1.31e9, rel=0.001)
+    d = load_dims(THROUGHPUT_MODEL)
+    assert param_count(d) == expected
+    assert param_count(d) - 151936 * 1536 == pytest.approx(1.31e9, rel=0.001)
 
 
 def test_param_count_pads_vocab_and_counts_layernorm_and_bias_options():
     # V=300 pads to 384 (128 × tp=1) and to 512 with tp=2 (multiple of 256).
     plain = dims(vocab_size=300, add_qkv_bias=False, untie_embeddings_and_output_weights=False)
     layer = 128 * 256 + 16384 + 131072 + 65536 + 256
-    assert gc.param_count(plain) == 384 * 128 + 2 * layer + 128
-    assert gc.param_count(plain, tp=2) == 512 * 128 + 2 * layer + 128
+    assert param_count(plain) == 384 * 128 + 2 * layer + 128
+    assert param_count(plain, tp=2) == 512 * 128 + 2 * layer + 128
     # LayerNorm has a bias too: 2h per norm; GELU MLP (no SwiGLU): fc1 is f·h.
     ln = dims(normalization="LayerNorm", swiglu=False, add_qkv_bias=False)
     layer = 128 * 256 + 16384 + 512 * 128 + 512 * 128 + 2 * 256
-    assert gc.param_count(ln) == 2 * 256 * 128 + 2 * layer + 256
+    assert param_count(ln) == 2 * 256 * 128 + 2 * layer + 256
 
 
 # --- FLOPs and MFU ---------------------------------------------------------------------------
@@ -88,18 +103,18 @@ def test_param_count_pads_vocab_and_counts_layernorm_and_bias_options():
 def test_sequence_flops_and_mfu_by_hand():
     coefficients = (10, 2)
     # 10·3 + 2·9 = 48 and 10·5 + 2·25 = 100.
-    assert gc.sequence_flops([3, 5], coefficients) == 148
-    assert gc.mfu(990e12, 2.0) == pytest.approx(0.5)
-    assert gc.mfu(4e12, 1.0, peak=1e12, gpus=8) == pytest.approx(0.5)
+    assert sequence_flops([3, 5], coefficients) == 148
+    assert mfu(990e12, 2.0) == pytest.approx(0.5)
+    assert mfu(4e12, 1.0, peak=1e12, gpus=8) == pytest.approx(0.5)
 
 
 def test_qwen2_5_1_5b_flops_per_token():
-    a, b = flops_coefficients(gc.load_dims(gc.THROUGHPUT_MODEL))
+    a, b = flops_coefficients(load_dims(THROUGHPUT_MODEL))
     # Dense: 6·(28·(1536·(3072+512) + 3·1536·8960) + 1536·151936) = 9261416448; b = 6·28·12·128.
     assert b == 258048
     assert a == 9261416448 + b
     # A 2048-token sample: about 19.5 TFLOP for forward and backward.
-    assert gc.sequence_flops([2048], (a, b)) == a * 2048 + b * 2048**2
+    assert sequence_flops([2048], (a, b)) == a * 2048 + b * 2048**2
 
 
 def schedule_doc():
@@ -117,8 +132,8 @@ def schedule_doc():
 
 def test_step_flops_reads_every_rank_and_micro_batch():
     doc = schedule_doc()
-    assert gc.step_flops(doc, 1, (1, 0)) == 300
-    assert gc.step_flops(doc, 2, (1, 1)) == 300 + 300**2 + 400 + 400**2
+    assert step_flops(doc, 1, (1, 0)) == 300
+    assert step_flops(doc, 2, (1, 1)) == 300 + 300**2 + 400 + 400**2
 
 
 def rows():
@@ -161,7 +176,7 @@ def rows():
 def test_summarize_run_by_hand():
     doc = schedule_doc()
     doc["steps"].append({"step": 3, "num_microbatches": 1, "ranks": [[[2, 3]]]})
-    out = gc.summarize_run(rows(), doc, (1e12, 0), peaks={"p": 100e12})
+    out = summarize_run(rows(), doc, (1e12, 0), peaks={"p": 100e12})
     assert out["timed_steps"] == [2, 3]
     assert out["step_s"] == pytest.approx(4.0)
     assert out["tokens_per_s"] == pytest.approx(1400 / 8)
@@ -183,7 +198,7 @@ def test_summarize_run_by_hand():
 
 def test_summarize_run_single_step_and_missing_memory():
     one = [{k: v for k, v in rows()[0].items() if k != "perf/max_memory_gib"}]
-    out = gc.summarize_run(one, None, (1, 0))
+    out = summarize_run(one, None, (1, 0))
     assert out["timed_steps"] == [1]
     assert out["tokens_per_s"] == pytest.approx(30.0)
     assert out["memory"] is None  # no step 2
@@ -192,10 +207,10 @@ def test_summarize_run_single_step_and_missing_memory():
 
 def test_memory_is_read_at_step_2_only():
     first = [{**rows()[0], "perf/max_memory_gib": 99.0}]
-    assert gc.memory_at(first) is None  # step 1: before Adam's moments exist
-    assert gc.memory_at(rows())["allocated_gib"] == 12.5
+    assert memory_at(first) is None  # step 1: before Adam's moments exist
+    assert memory_at(rows())["allocated_gib"] == 12.5
     no_gpu = [{k: v for k, v in r.items() if not k.startswith("perf/max_memory")} for r in rows()]
-    assert gc.memory_at(no_gpu) is None
+    assert memory_at(no_gpu) is None
 
 
 # --- the safe fixed micro-batch size ---------------------------------------------------------
@@ -204,32 +219,32 @@ def test_memory_is_read_at_step_2_only():
 def test_largest_safe_micro_batch_size():
     lengths = [100, 4096, 300, 4000, 50, 3000, 10, 10]
     # The two longest: 4096 + 4000 = 8096 ≤ 8192, three: 11096 > 8192 → 2 (divides 64).
-    assert gc.largest_safe_micro_batch_size(lengths, 8192, 64) == 2
+    assert largest_safe_micro_batch_size(lengths, 8192, 64) == 2
     # Three longest fill a cap of 150 exactly, and 3 divides 6 samples per rank.
     short = [10, 20, 30, 40, 50, 60]
-    assert gc.largest_safe_micro_batch_size(short, 150, 6) == 3  # 60+50+40 = 150
+    assert largest_safe_micro_batch_size(short, 150, 6) == 3  # 60+50+40 = 150
     # 4 longest fit (60+50+40+30 = 180 ≤ 190) but 4 does not divide 6: 3 it is.
-    assert gc.largest_safe_micro_batch_size(short, 190, 6) == 3
-    assert gc.largest_safe_micro_batch_size(short, 10_000, 6) == 6
+    assert largest_safe_micro_batch_size(short, 190, 6) == 3
+    assert largest_safe_micro_batch_size(short, 10_000, 6) == 6
     with pytest.raises(ValueError, match="over the cap"):
-        gc.largest_safe_micro_batch_size(lengths, 4000, 64)
+        largest_safe_micro_batch_size(lengths, 4000, 64)
 
 
 def test_safe_micro_batch_size_of_the_throughput_rollout():
     from slime_hydra.data.synthetic import SyntheticGRPO
 
-    lengths = [int(n) for n in SyntheticGRPO(**gc.THROUGHPUT_DATA).load().total_lengths]
+    lengths = [int(n) for n in SyntheticGRPO(**THROUGHPUT_DATA).load().total_lengths]
     assert len(lengths) == 256
     # Several samples hit the 1024 + 3072 ceiling, so two longest fill the 8192 cap exactly.
     assert max(lengths) == 4096
-    assert gc.largest_safe_micro_batch_size(lengths, gc.THROUGHPUT_CAP, gc.THROUGHPUT_GBS) == 2
+    assert largest_safe_micro_batch_size(lengths, THROUGHPUT_CAP, THROUGHPUT_GBS) == 2
 
 
 # --- commands ---------------------------------------------------------------------------------
 
 
 def test_cli_command():
-    assert gc.cli_command("py", Path("/r/x"), ["a=1", "b=2"]) == [
+    assert cli_command("py", Path("/r/x"), ["a=1", "b=2"]) == [
         "py",
         "-m",
         "slime_hydra",
@@ -240,7 +255,7 @@ def test_cli_command():
 
 
 def test_loss_runs_differ_only_in_trainer_and_dtype():
-    gpu, cpu = gc.loss_runs()
+    gpu, cpu = loss_runs()
     assert gpu.overrides[0] == "trainer=gpu" and cpu.overrides[0] == "trainer=cpu"
     assert gpu.overrides[1:-1] == cpu.overrides[1:]
     assert gpu.overrides[-1] == "trainer.params_dtype=float32"
@@ -262,16 +277,16 @@ def test_loss_runs_train_the_model_on_rollout_log_probs(compose_cfg):
     """The loss depends on the model only if the ratio is not 1: the lengths-only rollout gets
     synthesized tokens, which carry the noise model's log-probs (trainer.with_tokens)."""
     from slime_hydra.data.synthetic import SyntheticGRPO
-    from slime_hydra.train.trainer import with_tokens
+    from slime_hydra.train.run.start import with_tokens
 
-    rollout = SyntheticGRPO(**gc.LOSS_DATA).load()
+    rollout = SyntheticGRPO(**LOSS_DATA).load()
     assert rollout.tokens is None
-    tokens = with_tokens(rollout, gc.load_dims("tiny").vocab_size, gc.SEED).tokens
+    tokens = with_tokens(rollout, load_dims("tiny").vocab_size, SEED).tokens
     assert tokens.old_logprobs is not None and (tokens.old_logprobs < 0).all()
 
 
 def test_throughput_runs():
-    runs = gc.throughput_runs(2, cap=8192, memory_caps=(32768, 4096), steps=4)
+    runs = throughput_runs(2, cap=8192, memory_caps=(32768, 4096), steps=4)
     assert [r.name for r in runs] == [
         "dynamic_cap8192",
         "fixed_mbs2_cap8192",
@@ -311,27 +326,27 @@ def test_throughput_runs():
 
 def test_overrides_compose(compose_cfg):
     """Every override the check passes is one the app accepts (composition, not a run)."""
-    for spec in [*gc.loss_runs(), *gc.throughput_runs(2)]:
+    for spec in [*loss_runs(), *throughput_runs(2)]:
         cfg = compose_cfg(*spec.overrides)
         assert cfg.parallel.dp == 1
-    cfg = compose_cfg(*gc.throughput_runs(2)[1].overrides)
+    cfg = compose_cfg(*throughput_runs(2)[1].overrides)
     assert cfg.batching.micro_batch_size == 2 and cfg.model.name == "qwen2_5_1_5b"
 
 
 def test_skip_reason():
-    spec = gc.throughput_runs(2, memory_caps=(16384,))[2]
-    assert gc.skip_reason(spec, {}) is None
+    spec = throughput_runs(2, memory_caps=(16384,))[2]
+    assert skip_reason(spec, {}) is None
     ok = {"group": "throughput", "status": "ok", "cap": 8192}
-    assert gc.skip_reason(spec, {"a": ok}) is None
-    assert "failed" in gc.skip_reason(spec, {"a": {**ok, "status": "failed"}})
-    assert "out of memory" in gc.skip_reason(
+    assert skip_reason(spec, {"a": ok}) is None
+    assert "failed" in skip_reason(spec, {"a": {**ok, "status": "failed"}})
+    assert "out of memory" in skip_reason(
         spec, {"m": {"group": "memory", "status": "oom", "cap": 8192}}
     )
     # A larger cap running out of memory says nothing about a smaller one.
-    assert gc.skip_reason(spec, {"m": {"group": "memory", "status": "oom", "cap": 32768}}) is None
+    assert skip_reason(spec, {"m": {"group": "memory", "status": "oom", "cap": 32768}}) is None
     # Throughput runs always start (budget permitting); loss-run failures do not count.
-    assert gc.skip_reason(gc.throughput_runs(2)[1], {"a": {**ok, "status": "failed"}}) is None
-    assert gc.skip_reason(spec, {"l": {"group": "loss", "status": "failed"}}) is None
+    assert skip_reason(throughput_runs(2)[1], {"a": {**ok, "status": "failed"}}) is None
+    assert skip_reason(spec, {"l": {"group": "loss", "status": "failed"}}) is None
 
 
 # --- loss comparison, memory fit, result JSON -------------------------------------------------
@@ -346,19 +361,19 @@ def test_compare_losses():
         {"step": 1, "train/loss": 0.3, "train/grad_norm": 1.00005},
         {"step": 2, "train/loss": 0.2, "train/grad_norm": 2.0},
     ]
-    out = gc.compare_losses(gpu, cpu)
+    out = compare_losses(gpu, cpu)
     assert out["passed"]
     assert out["steps"][1]["loss_rel_diff"] == pytest.approx(5e-7)
     assert out["steps"][0]["grad_norm_rel_diff"] == pytest.approx(5e-5 / 1.00005)
     # A planted difference fails the check: a grad norm 1e-3 off at step 2, a loss 3% off.
     planted = [gpu[0], {**gpu[1], "train/grad_norm": 2.002}]
-    out = gc.compare_losses(planted, cpu)
+    out = compare_losses(planted, cpu)
     assert not out["passed"] and not out["steps"][1]["grad_norm_ok"] and out["steps"][1]["loss_ok"]
-    assert not gc.compare_losses(gpu, [{**cpu[0], "train/loss": 0.309}, cpu[1]])["passed"]
-    assert not gc.compare_losses(gpu, cpu[:1])["passed"]  # step 2 missing
+    assert not compare_losses(gpu, [{**cpu[0], "train/loss": 0.309}, cpu[1]])["passed"]
+    assert not compare_losses(gpu, cpu[:1])["passed"]  # step 2 missing
     nan = [{"step": 1, "train/loss": float("nan"), "train/grad_norm": 1.0}, gpu[1]]
-    assert not gc.compare_losses(nan, cpu)["passed"]
-    assert not gc.compare_losses([], [])["passed"]
+    assert not compare_losses(nan, cpu)["passed"]
+    assert not compare_losses([], [])["passed"]
 
 
 def test_fp16_summary_by_hand():
@@ -369,17 +384,17 @@ def test_fp16_summary_by_hand():
     # Steps 1-3 overflow (the count grows), step 4 applies at 2**30, step 5 overflows again.
     rows_ = [row(1, 1, 2.0**32), row(2, 2, 2.0**32), row(3, 3, 2.0**31), row(4, 3, 2.0**30),
              row(5, 4, 2.0**30)]  # fmt: skip
-    out = gc.fp16_summary(rows_)
+    out = fp16_summary(rows_)
     assert (out["first_applied_step"], out["applied_steps"], out["skipped_steps"]) == (4, 1, 4)
     assert out["passed"] and out["loss_scales"][3] == 2.0**30
     never = [row(s, s, 2.0 ** (33 - s)) for s in range(1, 6)]  # the scale stuck, every skip
-    assert not gc.fp16_summary(never)["passed"]
-    assert not gc.fp16_summary([*rows_[:4], row(5, 3, 2.0**30, float("nan"))])["passed"]
-    assert not gc.fp16_summary([])["passed"]
+    assert not fp16_summary(never)["passed"]
+    assert not fp16_summary([*rows_[:4], row(5, 3, 2.0**30, float("nan"))])["passed"]
+    assert not fp16_summary([])["passed"]
 
 
 def test_fp16_run_trains_the_tiny_model_in_float16(compose_cfg):
-    spec = gc.fp16_run()
+    spec = fp16_run()
     cfg = compose_cfg(*spec.overrides)
     assert cfg.trainer.params_dtype == "float16" and cfg.model.name == "tiny"
     assert cfg.trainer.max_steps == 30 and cfg.batching.global_batch_size == 2
@@ -387,12 +402,12 @@ def test_fp16_run_trains_the_tiny_model_in_float16(compose_cfg):
 
 
 def test_memory_fit():
-    fit = gc.memory_fit([(4000, 40.0), (8000, 50.0), (16000, 70.0)])
+    fit = memory_fit([(4000, 40.0), (8000, 50.0), (16000, 70.0)])
     assert fit["gib_per_1k_tokens"] == pytest.approx(2.5)
     assert fit["base_gib"] == pytest.approx(30.0)
-    assert gc.tokens_that_fit(fit, 130.0) == 40000
-    assert gc.memory_fit([(8000, 50.0)]) is None
-    assert gc.memory_fit([(8000, 50.0), (8000, 51.0)]) is None
+    assert tokens_that_fit(fit, 130.0) == 40000
+    assert memory_fit([(8000, 50.0)]) is None
+    assert memory_fit([(8000, 50.0), (8000, 51.0)]) is None
 
 
 def run_record(group, cap, status="ok", rows_=None, schedule=None):
@@ -435,7 +450,7 @@ def test_assemble_results():
     probe = {
         "device": {"name": "NVIDIA H200", "matmul_bf16_tflops": 800.0, "total_memory_gib": 139.8}
     }
-    out = gc.assemble_results(
+    out = assemble_results(
         date="2026-12-01",
         elapsed_s=300.04,
         probe=probe,
@@ -463,12 +478,12 @@ def test_assemble_results():
     assert out["memory"]["card_gib"] == 139.8
     assert out["memory"]["tokens_fitting_card"] > 400
     assert "schedule" not in out["runs"]["dynamic_cap8192"]
-    table = gc.result_table(out)
+    table = result_table(out)
     assert "dynamic_cap8192" in table and "oom" in table
 
 
 def test_assemble_results_without_probe_or_runs():
-    out = gc.assemble_results(
+    out = assemble_results(
         date="d",
         elapsed_s=1,
         probe=None,
@@ -480,15 +495,15 @@ def test_assemble_results_without_probe_or_runs():
     )
     assert out["loss_check"] is None and out["memory"]["fit"] is None
     assert out["peaks_flops"] == {"h200_dense_bf16_990": 990e12}
-    assert out["memory"]["card_gib"] == gc.CARD_GIB
-    gc.result_table(out)
+    assert out["memory"]["card_gib"] == CARD_GIB
+    result_table(out)
 
 
 def test_read_rows_skips_a_half_written_line(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"st')
-    assert gc.read_rows(path) == [{"step": 0}, {"step": 1}]
-    assert gc.read_rows(tmp_path / "none.jsonl") == []
+    assert read_rows(path) == [{"step": 0}, {"step": 1}]
+    assert read_rows(tmp_path / "none.jsonl") == []
 
 
 # --- wheels -----------------------------------------------------------------------------------
@@ -510,7 +525,7 @@ def test_wheels_to_fetch():
             item("Hydra_Core", "1.3.8"),
         ]
     }
-    assert gc.wheels_to_fetch(report, skip=["antlr4_python3_runtime"]) == [
+    assert wheels_to_fetch(report, skip=["antlr4_python3_runtime"]) == [
         "hydra-core==1.3.8",
         "pydantic-core==2.50.5",
         "wandb==0.31.0",
@@ -518,9 +533,9 @@ def test_wheels_to_fetch():
 
 
 def test_normalize():
-    assert gc.normalize("PyYAML") == "pyyaml"
-    assert gc.normalize("typing_extensions") == "typing-extensions"
-    assert gc.normalize("zope.interface") == "zope-interface"
+    assert normalize("PyYAML") == "pyyaml"
+    assert normalize("typing_extensions") == "typing-extensions"
+    assert normalize("zope.interface") == "zope-interface"
 
 
 # --- the probe's code, dry run on CPU ---------------------------------------------------------

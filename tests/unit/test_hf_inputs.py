@@ -23,6 +23,7 @@ from slime_hydra.hf.checkpoint import HfCheckpoint
 from slime_hydra.hf.checks import model_dims
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
+from slime_hydra.train.run import start
 from tests.hf_models import VOCAB, edit_config, make_checkpoint, write_text_rollouts
 
 
@@ -77,12 +78,12 @@ def test_plan_mode_and_the_flops_model_use_the_checkpoints_dims(job_of, ckpt):
     trainer, job = job_of("model=hf", f"model.path={ckpt}", "trainer=plan")
     dims = ModelDims.from_mapping(HfCheckpoint.open(ckpt).dims())
     assert job.flops_coefficients == flops_coefficients(dims)
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def test_a_sound_hf_text_job_passes_the_checks(job_of, ckpt, tmp_path):
     trainer, job = job_of(*text_overrides(ckpt, tmp_path))
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def test_text_rollouts_use_the_chat_template_and_mask_the_response(ckpt, tmp_path):
@@ -131,7 +132,7 @@ def check(job_of, *overrides: str) -> str:
     """The one error that planning and the trainer's checks raise for `overrides`."""
     with pytest.raises(SlimeHydraError) as err:
         trainer, job = job_of(*overrides)
-        trainer.check(job)
+        start.check(trainer, job)
     return str(err.value)
 
 
@@ -174,7 +175,7 @@ def test_token_ids_beyond_the_vocabulary(job_of, ckpt, tmp_path):
     ids[3] = VOCAB + 3  # as a rollout tokenized for a larger vocabulary would hold
     bad = dataclasses.replace(tokens, tokens=ids)
     with pytest.raises(SlimeHydraError, match=rf"token id {VOCAB + 3} .*vocab_size={VOCAB}"):
-        trainer.check(dataclasses.replace(job, rollout=RolloutBatch.from_tokens(bad)))
+        start.check(trainer, dataclasses.replace(job, rollout=RolloutBatch.from_tokens(bad)))
 
 
 def test_a_tokenizer_larger_than_the_vocabulary(job_of, source, tmp_path):
@@ -193,7 +194,7 @@ def test_grpo_7b_needs_model_path_except_in_plan_mode(job_of):
     msg = check(job_of, "+exp=grpo_7b", "trainer=cpu", "parallel.sequence_parallel=false")
     assert "model.path=" in msg and "trainer=plan" in msg and "needs no weights" in msg
     trainer, job = job_of("+exp=grpo_7b", "trainer=plan")
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def test_grpo_7b_takes_text_rollouts(compose_cfg, ckpt, tmp_path):

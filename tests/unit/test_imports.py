@@ -1,6 +1,8 @@
-"""Imports run one way (DESIGN.md's layout): a package imports only the layers below it, no two
-modules import each other, and the pure layers import no torch, Hydra or OmegaConf. Read from
-the sources with `ast`, so a lazy import inside a function counts as much as one at the top."""
+"""Imports run one way (DESIGN.md's layout): a package imports only the layers below it, no
+import cycle anywhere in the package, and the pure layers import no torch, Hydra or OmegaConf.
+train/ is layered inside too: its plain data (settings, job) below what computes a step (step/),
+below what runs processes (run/). Read from the sources with `ast`, so a lazy import inside a
+function, or one for type hints only, counts as much as one at the top."""
 
 from __future__ import annotations
 
@@ -23,13 +25,21 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "compat",  # slime's and verl's partition calls on the planner
         "hf instantiate rundir",  # HF config.json and tokenizer reading; object building
         "data log",
-        "train report dashboard",
+        "train train.job",  # the Job the app plans (plain data)
+        # The trainers' settings (plain data); report's figures and the W&B workspace beside
+        # them, so that neither they nor what computes or runs a step import each other.
+        "train.settings report dashboard",
+        "train.step",  # computes a step: model, attention, loss, optimizer, engine, shims
+        "train.run",  # runs processes: checks, launcher, worker, loop, checkpoints, plan mode
         "config",
         "app sweep",
         "__main__",
     )
 )
-"""Bottom to top; a module may import from its own package and from lower layers only."""
+"""Bottom to top; a module may import from its own unit and from lower layers only."""
+
+LAYERED = ("train",)
+"""Packages whose subpackages and modules are units of their own (train.step, train.run, ...)."""
 
 PURE = ("partition", "schedule", "planner", "compat")
 HEAVY = ("torch", "hydra", "omegaconf", "megatron")
@@ -41,8 +51,11 @@ def module_name(path: Path) -> str:
 
 
 def unit(module: str) -> str:
-    """The package under slime_hydra (or the top-level module) a module belongs to."""
+    """The package under slime_hydra (or the top-level module) a module belongs to; within a
+    LAYERED package, its subpackage or module (slime_hydra.train.run.loop → train.run)."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in LAYERED:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else parts[0]
 
 
@@ -115,24 +128,70 @@ def test_a_planted_upward_or_heavy_import_is_caught(
     assert heavy("slime_hydra.compat.planted") == ["torch"]
 
 
-def test_no_module_imports_itself_back() -> None:
-    """No cycle among the imports that run at import time (depth-first search)."""
-    graph = {
-        m: {n for n, eager in imports(m) if eager and n in MODULES and n != m} for m in MODULES
-    }
+def test_a_planted_upward_import_inside_train_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train/'s own layers hold too: step/ reaching up into run/, settings into either."""
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "from slime_hydra.train.step.model import build_model_chunks\n"
+        "def later():\n    from slime_hydra.train.run.worker import train\n"
+    )
+    monkeypatch.setitem(MODULES, "slime_hydra.train.step.planted", planted)
+    monkeypatch.setitem(MODULES, "slime_hydra.train.settings", planted)
+    assert upward("slime_hydra.train.step.planted") == ["slime_hydra.train.run.worker"]
+    assert upward("slime_hydra.train.settings") == [
+        "slime_hydra.train.run.worker",
+        "slime_hydra.train.step.model",
+    ]
+
+
+def import_cycle() -> list[str] | None:
+    """The first import cycle among the package's modules (depth-first search), as the modules
+    around it, or None. Every import counts: at the top, inside a function, or for type hints
+    only, since each one is a way back up that a reader follows."""
+    graph = {m: {n for n, _ in imports(m) if n in MODULES and n != m} for m in MODULES}
     done: set[str] = set()
 
-    def visit(module: str, path: list[str]) -> None:
+    def visit(module: str, path: list[str]) -> list[str] | None:
         if module in path:
-            pytest.fail("import cycle: " + " → ".join([*path[path.index(module) :], module]))
+            return [*path[path.index(module) :], module]
         if module in done:
-            return
+            return None
         for target in sorted(graph[module]):
-            visit(target, [*path, module])
+            found = visit(target, [*path, module])
+            if found:
+                return found
         done.add(module)
+        return None
 
     for module in sorted(graph):
-        visit(module, [])
+        found = visit(module, [])
+        if found:
+            return found
+    return None
+
+
+def test_no_import_cycle_anywhere() -> None:
+    found = import_cycle()
+    assert found is None, "import cycle: " + " → ".join(found or [])
+
+
+def test_a_planted_cycle_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two modules that reach each other, one lazily and one for type hints only, are a cycle."""
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("def later():\n    from slime_hydra.train.run.second import x\n")
+    second.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from slime_hydra.train.run.first import later\n"
+    )
+    monkeypatch.setitem(MODULES, "slime_hydra.train.run.first", first)
+    monkeypatch.setitem(MODULES, "slime_hydra.train.run.second", second)
+    assert import_cycle() == [
+        "slime_hydra.train.run.first",
+        "slime_hydra.train.run.second",
+        "slime_hydra.train.run.first",
+    ]
 
 
 @pytest.mark.parametrize("module", sorted(m for m in MODULES if unit(m) in PURE))

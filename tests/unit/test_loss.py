@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from slime_hydra.train.loss import clipped_policy_loss, policy_loss, token_log_probs
+from slime_hydra.train.step.loss import clipped_policy_loss, policy_loss, token_log_probs
 
 
 def _one_token(ratio: float, advantage: float) -> tuple[float, float, float]:

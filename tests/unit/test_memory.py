@@ -19,7 +19,8 @@ import pytest
 from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.memory import GIB, MemoryModel
-from slime_hydra.train.plan import PlanTrainer
+from slime_hydra.train.run.plan import memory_penalty, simulate
+from slime_hydra.train.settings import PlanTrainer
 
 TOY = ModelDims(
     name="toy",
@@ -116,16 +117,16 @@ def test_plan_mode_logs_the_peak_of_the_fullest_rank():
     job = SimpleNamespace(
         layout=ParallelLayout(dp=2), schedule=schedule, flops_coefficients=(1, 0), dims=TOY
     )
-    sim = PlanTrainer().simulate(job, step)
+    sim = simulate(PlanTrainer(), job, step)
     assert sim["sim/peak_memory_gib"] == pytest.approx(80784 / GIB)
     # The distributed optimizer shards 12 of the 18 bytes over dp=2: 2888 × 12 fewer bytes.
-    sharded = PlanTrainer(use_distributed_optimizer=True).simulate(job, step)
+    sharded = simulate(PlanTrainer(use_distributed_optimizer=True), job, step)
     assert sharded["sim/peak_memory_gib"] == pytest.approx((80784 - 2888 * 6) / GIB)
 
 
 def test_a_step_over_the_memory_limit_makes_the_objective_infinite(caplog):
     trainer = PlanTrainer(memory_limit_gib=80.0)
-    assert trainer.memory_penalty(1, 79.9) == 0.0
-    assert trainer.memory_penalty(1, 80.1) == math.inf
+    assert memory_penalty(trainer, 1, 79.9) == 0.0
+    assert memory_penalty(trainer, 1, 80.1) == math.inf
     assert "trainer.memory_limit_gib=80.0" in caplog.text
-    assert PlanTrainer(memory_limit_gib=None).memory_penalty(1, 1e6) == 0.0
+    assert memory_penalty(PlanTrainer(memory_limit_gib=None), 1, 1e6) == 0.0

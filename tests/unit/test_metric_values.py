@@ -12,7 +12,8 @@ import pytest
 
 from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule, step_metrics
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.plan import PlanTrainer
+from slime_hydra.train.run.plan import simulate
+from slime_hydra.train.settings import PlanTrainer
 from tests.contract import BATCH_KEYS, SIM_KEYS
 
 LINEAR = (1.0, 0.0)  # cost = tokens
@@ -140,7 +141,7 @@ def test_without_a_cap_the_cap_metrics_are_neutral():
 
 
 def plan_job(lengths, ranks, layout, coefficients):
-    """What PlanTrainer.simulate reads of a Job: the layout, the schedule, the cost model and
+    """What plan mode's simulate reads of a Job: the layout, the schedule, the cost model and
     the model's dims (for memory)."""
     schedule = Schedule(tuple(lengths), None, (StepSchedule.build(0, ranks),))
     return SimpleNamespace(
@@ -161,7 +162,7 @@ def test_sim_values_by_hand_dp2_tp2():
     # pp=1: a rank's step is forward + backward (2×) of every micro-batch:
     # rank 0: 3 × (3 + 3) = 18 s; rank 1: 3 × (2 + 1.5) = 10.5 s. The step waits for rank 0.
     job = plan_job(A_LENGTHS, A_STEP.ranks, ParallelLayout(dp=2, tp=2), PER_TOKEN)
-    sim = ONE_TFLOPS.simulate(job, job.schedule.steps[0])
+    sim = simulate(ONE_TFLOPS, job, job.schedule.steps[0])
     assert set(SIM_KEYS) <= set(sim)
     assert sim["sim/step_s"] == pytest.approx(18.0)
     # busy 18 + 10.5 = 28.5 of 2 ranks × 1 stage × 18 s = 36: idle 7.5/36.
@@ -175,7 +176,7 @@ def test_sim_overhead_adds_a_third_per_forward():
     # forward. rank 0: 3 × ((3 + 1) + (3 + 1)) = 24 s; rank 1: 3 × (3 + 2.5) = 16.5 s.
     trainer = PlanTrainer(achieved_tflops=1.0, microbatch_overhead_ms=3000.0)
     job = plan_job(A_LENGTHS, A_STEP.ranks, ParallelLayout(dp=2, tp=2), PER_TOKEN)
-    sim = trainer.simulate(job, job.schedule.steps[0])
+    sim = simulate(trainer, job, job.schedule.steps[0])
     assert sim["sim/step_s"] == pytest.approx(24.0)
     assert sim["sim/bubble_frac"] == pytest.approx(1 - (24 + 16.5) / 48)
 
@@ -188,7 +189,7 @@ def test_sim_values_by_hand_pp2_cp2():
     # stage 0: B0 [8,12] B1 [12,14] (stage 1's B1 done at 11). Makespan 14.
     # busy 2 + 1 + 4 + 2 = 9 per stage: bubble 1 - 18 / (2 × 14) = 10/28.
     job = plan_job([8, 4], [[[0], [1]]], ParallelLayout(pp=2, cp=2), PER_TOKEN)
-    sim = ONE_TFLOPS.simulate(job, job.schedule.steps[0])
+    sim = simulate(ONE_TFLOPS, job, job.schedule.steps[0])
     assert sim["sim/step_s"] == pytest.approx(14.0)
     assert sim["sim/bubble_frac"] == pytest.approx(10 / 28)
     assert sim["sim/peak_tokens"] == 4  # 8 tokens over cp=2 GPUs
@@ -198,7 +199,7 @@ def test_sim_quadratic_cost_by_hand():
     # cost 3e12 × L² (a = 0): one rank, one micro-batch {2, 2}: 3e12 × (4 + 4) FLOPs, forward
     # 8 s on one GPU; step 3 × 8 = 24 s, no bubble with pp=1.
     job = plan_job([2, 2], [[[0, 1]]], ParallelLayout(), (0.0, 3e12))
-    sim = ONE_TFLOPS.simulate(job, job.schedule.steps[0])
+    sim = simulate(ONE_TFLOPS, job, job.schedule.steps[0])
     assert sim["sim/step_s"] == pytest.approx(24.0)
     assert sim["sim/bubble_frac"] == pytest.approx(0.0)
     assert sim["sim/peak_tokens"] == 4

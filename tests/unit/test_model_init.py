@@ -1,4 +1,4 @@
-"""The model build (train/model.py): megatron draws no weight that `init_weights` draws again,
+"""The model build (train/step/model.py): megatron draws no weight that `init_weights` draws again,
 and still builds what init_weights leaves (tensor-parallel attributes, zero biases, unit
 norms); the weights depend on the seed alone; cu_seqlens go where the layers read them."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from slime_hydra.train.model import build_gpt_model, init_weights, seq_params_device
+from benchmarks.gpu.figures import load_dims
+from slime_hydra.train.step.model import build_gpt_model, init_weights, seq_params_device
 from tests.hardware import needs_no_transformer_engine
 from tests.single_rank import single_rank
-from tests.unit.test_gpu_check import gc
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -22,7 +22,7 @@ def one_rank():
 def test_megatron_draws_no_weight_while_building():
     torch.manual_seed(0)
     before = torch.get_rng_state()
-    model = build_gpt_model(gc.load_dims("tiny"))  # CPU initialisation draws from this RNG
+    model = build_gpt_model(load_dims("tiny"))  # CPU initialisation draws from this RNG
     assert torch.equal(torch.get_rng_state(), before)
     qkv = model.decoder.layers[0].self_attention.linear_qkv
     assert qkv.weight.tensor_model_parallel and qkv.weight.partition_dim == 0
@@ -32,7 +32,7 @@ def test_megatron_draws_no_weight_while_building():
 
 
 def test_init_weights_depends_on_the_seed_alone():
-    dims = gc.load_dims("tiny")
+    dims = load_dims("tiny")
     states = []
     for torch_seed in (0, 1):
         torch.manual_seed(torch_seed)

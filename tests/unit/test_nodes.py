@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.train.nodes import first_host, job_nodes, node_count
-from slime_hydra.train.torchrun import is_rank_zero
+from slime_hydra.train.run.nodes import first_host, job_nodes, node_count
+from slime_hydra.train.run.torchrun import is_rank_zero
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The GPU optimizer's step and checkpoint state (train/optimizer.py) with megatron-core's own
+"""The GPU optimizer's step and checkpoint state (train/step/optimizer.py) with megatron-core's own
 Float16Optimizer, ChainedOptimizer and DynamicGradScaler on the CPU: under fp16 the loss scale
 must come down from 2**32 until the fp16 gradients fit, then the update applies; without a
 scaler (bf16), a non-finite gradient is never handed to the optimizer; a checkpoint asks the
@@ -12,9 +12,9 @@ import math
 import pytest
 import torch
 
-from slime_hydra.train import cpu_shim
-from slime_hydra.train.engine import StepResult, loss_scale_overflow
-from slime_hydra.train.optimizer import checkpoint_state, grad_scaler, optimizer_step
+from slime_hydra.train.step import cpu_shim
+from slime_hydra.train.step.engine import StepResult, loss_scale_overflow
+from slime_hydra.train.step.optimizer import checkpoint_state, grad_scaler, optimizer_step
 from tests.single_rank import single_rank
 
 FP16_MAX = 65504.0

@@ -1,4 +1,4 @@
-"""PackedCausalAttention (train/attention.py) on the CPU against a float64 causal reference:
+"""PackedCausalAttention (train/step/attention.py) on the CPU against a float64 causal reference:
 packed sequences, and one CP rank's queries against all ranks' keys (the zig-zag split). The
 forward reads nothing back from the tensors (no host sync on a GPU), and under CP every masked
 SDPA call has keys for every query head (no enable_gqa), so a fused kernel can take the mask."""
@@ -17,7 +17,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch.overrides import TorchFunctionMode
 
 from slime_hydra.data.packing import thd_params
-from slime_hydra.train.attention import PackedCausalAttention
+from slime_hydra.train.step.attention import PackedCausalAttention
 from tests.single_rank import single_rank
 
 HEADS, GROUPS, DIM = 4, 2, 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from slime_hydra.train.rank_output import show_once, shown_warnings
+from slime_hydra.train.run.rank_output import show_once, shown_warnings
 
 
 def test_a_warning_text_shows_once_whatever_its_location(caplog) -> None:

@@ -19,14 +19,16 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import ParallelLayout, Schedule, SlimeLegacyBatching, StepSchedule
-from slime_hydra.train.checks import (
+from slime_hydra.train.job import Job
+from slime_hydra.train.run import start
+from slime_hydra.train.run.checks import (
     check_sequence_parallel,
     check_trainable,
     check_vpp,
     check_world_size,
 )
-from slime_hydra.train.job import Job
-from slime_hydra.train.trainer import CpuTrainer, GpuTrainer, with_tokens
+from slime_hydra.train.run.start import with_tokens
+from slime_hydra.train.settings import CpuTrainer, GpuTrainer
 from tests.hardware import needs_fewer_cuda_than
 
 SMALL = ("data.num_prompts=4", "data.n_samples_per_prompt=4", "batching.global_batch_size=8")
@@ -58,7 +60,7 @@ def test_a_misspelt_trainer_key_fails_at_composition(compose_cfg):
 def test_world_size_mismatch_names_the_overrides(job_of):
     trainer, job = job_of("trainer.nproc_per_node=3")
     with pytest.raises(SlimeHydraError, match=r"trainer\.nproc_per_node=3.*parallel\.dp"):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 SEQUENCE_PARALLEL = (
@@ -75,7 +77,7 @@ def test_cpu_trainer_refuses_sequence_parallel_naming_the_override(job_of):
         SlimeHydraError,
         match=r"sequence_parallel=true needs Transformer Engine.*sequence_parallel=false",
     ):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 def test_sequence_parallel_needs_transformer_engine_layers(job_of):
@@ -95,7 +97,7 @@ def test_gpu_trainer_on_a_machine_without_cuda_says_that_first(job_of):
     needs_fewer_cuda_than(1)
     trainer, job = job_of("trainer=gpu", *SEQUENCE_PARALLEL)
     with pytest.raises(SlimeHydraError, match=r"trainer=gpu needs 2 CUDA GPUs"):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 @pytest.mark.parametrize(
@@ -108,7 +110,7 @@ def test_gpu_trainer_on_a_machine_without_cuda_says_that_first(job_of):
 )
 def test_cpu_trainer_accepts_pipeline_and_context_parallel_layouts(job_of, layout):
     trainer, job = job_of(*layout, "parallel.dp=1", "trainer.nproc_per_node=2")
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def test_layers_that_do_not_split_into_pp_vpp_chunks_are_refused(job_of):
@@ -116,20 +118,20 @@ def test_layers_that_do_not_split_into_pp_vpp_chunks_are_refused(job_of):
         "parallel.pp=2", "parallel.vpp=2", "parallel.dp=1", "trainer.nproc_per_node=2"
     )
     with pytest.raises(SlimeHydraError, match=r"model\.num_layers=2 .* 2×2 = 4 .*num_layers=4"):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 def test_gpu_trainer_without_cuda_stops_at_once(job_of):
     needs_fewer_cuda_than(2)
     trainer, job = job_of("trainer=gpu")
     with pytest.raises(SlimeHydraError, match=r"needs 2 CUDA GPUs.*trainer=plan"):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 def test_resume_without_a_checkpoint_is_refused(job_of):
     trainer, job = job_of("trainer.resume=true")
     with pytest.raises(SlimeHydraError, match="holds no checkpoint"):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 @pytest.mark.parametrize("step", [0, 3])
@@ -137,18 +139,18 @@ def test_fault_step_must_be_one_of_the_runs_steps_counted_from_1(job_of, step):
     trainer, job = job_of(f"trainer.fail_at_step={step}")
     assert trainer.num_steps(job) == 2
     with pytest.raises(SlimeHydraError, match=rf"fail_at_step={step} .*steps 1\.\.2 "):
-        trainer.check(job)
+        start.check(trainer, job)
 
 
 @pytest.mark.parametrize("step", [1, 2])
 def test_fault_step_may_be_the_first_or_last_step(job_of, step):
     trainer, job = job_of(f"trainer.fail_at_step={step}")
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def test_a_sound_job_passes(job_of):
     trainer, job = job_of("trainer.save_interval=1")
-    trainer.check(job)
+    start.check(trainer, job)
 
 
 def config_objects(value: object, path: str = "job") -> list[str]:
@@ -252,4 +254,4 @@ def test_an_odd_pad_multiple_under_context_parallelism_is_refused_before_launch(
         "iterator.pad_multiple=3", "parallel.cp=2", "parallel.dp=1", "trainer.nproc_per_node=2"
     )
     with pytest.raises(SlimeHydraError, match=r"pad_multiple=3 .* parallel\.cp=2.*=6"):
-        trainer.check(job)
+        start.check(trainer, job)

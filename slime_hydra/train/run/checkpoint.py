@@ -1,0 +1,328 @@
+"""Checkpoints in <run dir>/checkpoints: one file per rank per saved step, and `latest`.
+
+`step_NNNNNN/rank_RRR.pt` holds that rank's model and optimizer state, its RNG state, the
+number of steps done (NNNNNN), a digest of the schedule, the loop's counters and its identity:
+the rank, the parallel layout and the model's dims, so that a resume refuses a file of another
+rank (two rank files swapped), layout or model before any worker starts. `latest` names
+the last step all ranks finished saving, so a worker killed mid-save leaves the previous
+checkpoint in force.
+
+Files hold tensors and plain containers only and load with `torch.load(weights_only=True)`, so
+a crafted checkpoint cannot run code. An optimizer state entry that is neither (megatron's
+optimizer may keep config objects there) is left out on save and taken from the freshly built
+optimizer on load; `dropped` in the file lists where.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pickle
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import make_dirs, parse_count, write_file
+from slime_hydra.schedule import ParallelLayout, Schedule
+from slime_hydra.schedule.cost import ModelDims
+
+FORMAT = 3
+"""Bumped when the file layout changes; version 1 files were full pickles (not loadable),
+version 2 files lack the identity (rank, layout, model) that version 3 records."""
+
+IDENTITY_DIMS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "kv_channels",
+)
+"""The model dims that fix the shapes of a rank's weights."""
+
+HYPERPARAMETERS = ("lr", "weight_decay", "max_lr", "min_lr")
+"""Optimizer param-group values the run's config sets: a resume keeps the new config's."""
+
+_PLAIN = (bool, int, float, str, bytes, type(None), torch.Tensor, torch.dtype, torch.Size)
+
+Path_ = tuple[Any, ...]
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    """Where a run's checkpoints live."""
+    return Path(run_dir) / "checkpoints"
+
+
+def rank_file(run_dir: Path, steps_done: int, rank: int) -> Path:
+    """The file of `rank`'s state after `steps_done` steps."""
+    return checkpoint_root(run_dir) / f"step_{steps_done:06d}" / f"rank_{rank:03d}.pt"
+
+
+def schedule_digest(schedule: Schedule) -> str:
+    """A short fingerprint of the schedule, so a resume can refuse a different one."""
+    return hashlib.sha256(json.dumps(schedule.to_json()).encode()).hexdigest()[:16]
+
+
+def identity(layout: ParallelLayout, dims: ModelDims) -> dict[str, Any]:
+    """What a rank file must match besides its rank: the layout's sizes and the model's dims."""
+    model = {k: v for k, v in dataclasses.asdict(dims).items() if k in IDENTITY_DIMS}
+    return {"layout": dataclasses.asdict(layout), "dims": model}
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """Steps done at the last complete checkpoint, or None when there is none."""
+    path = checkpoint_root(run_dir) / "latest"
+    if not path.exists():
+        return None
+    data = path.read_bytes()[:64] if path.is_file() else b"(not a file)"
+    text = data.decode(errors="replace").strip()
+    count = parse_count(text)
+    if count is None or count < 1:
+        raise SlimeHydraError(
+            f"{path} holds {text!r}, not a step count: it should name the last complete "
+            f"checkpoint (a step_NNNNNN dir under {path.parent}). Write that number into it, "
+            "or remove the checkpoints dir to start over."
+        )
+    return count
+
+
+def plain(obj: Any, where: Path_ = (), dropped: list[Path_] | None = None) -> Any:
+    """`obj` with only tensors, numbers, strings and dicts/lists/tuples of them; anything else
+    is left out and its path appended to `dropped`."""
+    if isinstance(obj, _PLAIN):
+        return obj
+    if isinstance(obj, Mapping):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str | int):
+                raise SlimeHydraError(f"checkpoint: state key {key!r} at {where} is not plain")
+            kept = plain(value, (*where, key), dropped)
+            if kept is not _DROPPED:
+                out[key] = kept
+        return out
+    if isinstance(obj, list | tuple):
+        inner: list[Path_] = []
+        items = [plain(v, (*where, i), inner) for i, v in enumerate(obj)]
+        if any(v is _DROPPED for v in items):  # keep positions: take the whole sequence on load
+            if dropped is not None:
+                dropped.append(where)
+            return _DROPPED
+        if dropped is not None:
+            dropped.extend(inner)
+        return list(items) if isinstance(obj, list) else tuple(items)
+    if dropped is not None:
+        dropped.append(where)
+    return _DROPPED
+
+
+_DROPPED = object()
+
+
+def _get(obj: Any, where: Path_) -> Any:
+    for key in where:
+        obj = obj[key]
+    return obj
+
+
+def _put(obj: Any, where: Path_, value: Any) -> None:
+    _get(obj, where[:-1])[where[-1]] = value
+
+
+def save(
+    run_dir: Path,
+    steps_done: int,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    digest: str,
+    ident: Mapping[str, Any],
+    counters: Mapping[str, int] | None = None,
+) -> None:
+    """Save this rank's state after `steps_done` steps (every rank, before `mark_latest`);
+    `ident` is `identity(layout, dims)` of the run."""
+    from slime_hydra.train.step.optimizer import checkpoint_state
+
+    path = rank_file(run_dir, steps_done, rank)
+    make_dirs(path.parent, run_dir)
+    weights = model.state_dict()
+    not_tensors: list[Path_] = []
+    plain(weights, ("model",), not_tensors)
+    if not_tensors:
+        raise SlimeHydraError(f"checkpoint: the model state holds a non-tensor at {not_tensors[0]}")
+    dropped: list[Path_] = []
+    state = {
+        "format": FORMAT,
+        "steps_done": steps_done,
+        "schedule": digest,
+        "rank": rank,
+        **ident,
+        "counters": dict(counters or {}),
+        "model": weights,
+        "optimizer": plain(checkpoint_state(optimizer), (), dropped),
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "dropped": [list(p) for p in dropped],
+    }
+    write_file(path, lambda f: torch.save(state, f), run_dir)
+
+
+def mark_latest(run_dir: Path, steps_done: int) -> None:
+    """Point `latest` at a checkpoint every rank has saved (rank 0, after a barrier)."""
+    write_file(checkpoint_root(run_dir) / "latest", f"{steps_done}\n", run_dir)
+
+
+def read(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A rank file's state, loaded with weights_only=True; a clear error for a file that is
+    missing, truncated, not a checkpoint, or that needs a full unpickler (which could run code)."""
+    fix = f"Point {path.parents[1] / 'latest'} at an earlier complete step, or start a new run dir."
+    if not path.parent.is_dir():
+        raise SlimeHydraError(
+            f"{path.parents[1] / 'latest'} names step {path.parent.name[5:].lstrip('0')}, but "
+            f"{path.parent} does not exist: latest points at no saved checkpoint. " + fix
+        )
+    if not path.is_file():
+        raise SlimeHydraError(
+            f"{path} is missing: the checkpoint was saved by fewer ranks; resume with the same "
+            "parallel.* sizes and process count as the run that saved it. " + fix
+        )
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise SlimeHydraError(
+            f"{path} holds objects that only a full unpickler could rebuild, and unpickling can "
+            f"run arbitrary code, so it was not loaded (torch.load: {first[:200]}). slime_hydra "
+            "writes tensors and plain containers only: this file was not written by it. " + fix
+        ) from None
+    except Exception as exc:  # torch raises RuntimeError/EOFError/... for a damaged file
+        raise SlimeHydraError(
+            f"{path} is not a readable checkpoint (truncated or damaged: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:200] if str(exc) else ''}). " + fix
+        ) from None
+    keys = ("steps_done", "schedule", "model", "optimizer")
+    if not isinstance(state, dict) or any(k not in state for k in keys):
+        raise SlimeHydraError(
+            f"{path} is not a slime_hydra checkpoint (expected a dict with {', '.join(keys)}). "
+            + fix
+        )
+    return state
+
+
+def _check_identity(path: Path, state: Mapping[str, Any], rank: int, ident: Mapping) -> None:
+    """The rank file at `path` was saved by `rank` of this layout and model."""
+    fix = "resume with the parallel.* and model config that saved it, or start a new run dir."
+    if "rank" not in state:
+        raise SlimeHydraError(
+            f"{path} records no rank, layout or model (an older checkpoint format, "
+            f"{state.get('format')!r}; this one writes {FORMAT}), so a resume cannot check it "
+            "belongs to this rank; start a new run dir."
+        )
+    if state["rank"] != rank:
+        raise SlimeHydraError(
+            f"{path} was saved by rank {state['rank']!r}, not rank {rank}: the rank files were "
+            "swapped or copied between ranks, and training on it would give this rank another "
+            "rank's shards. Put each rank's file back under its own name, or start a new run dir."
+        )
+    for key, group in (("layout", "parallel"), ("dims", "model")):
+        if state.get(key) != ident[key]:
+            changed = sorted(
+                k
+                for k in set(state.get(key) or {}) | set(ident[key])
+                if (state.get(key) or {}).get(k) != ident[key].get(k)
+            )
+            names = ", ".join(
+                f"{group}.{k}: {(state.get(key) or {}).get(k)!r} saved, {ident[key].get(k)!r} now"
+                for k in changed
+            )
+            raise SlimeHydraError(f"{path} was saved by another {group} config: {names}; " + fix)
+
+
+def verify(run_dir: Path, world_size: int, digest: str, ident: Mapping[str, Any]) -> int | None:
+    """Check, before any worker starts, that the latest checkpoint is whole and matches: `latest`
+    is a step count, every rank's file loads (weights only, memory-mapped) and was saved by that
+    rank of this layout and model after that many steps of this schedule. Returns the steps
+    done (None: no checkpoint)."""
+    steps_done = latest_step(run_dir)
+    if steps_done is None:
+        return None
+    for rank in range(world_size):
+        path = rank_file(run_dir, steps_done, rank)
+        state = read(path, mmap=True)
+        if state["steps_done"] != steps_done:
+            raise SlimeHydraError(
+                f"{path} was saved after {state['steps_done']!r} steps, but its dir and "
+                f"{checkpoint_root(run_dir) / 'latest'} say {steps_done}; the checkpoint is "
+                "inconsistent: point latest at an earlier complete step, or start a new run dir."
+            )
+        if state["schedule"] != digest:
+            raise SlimeHydraError(
+                f"the checkpoint in {path.parent} was trained on a different schedule; resume "
+                "with the same data, batching and parallel config (the run dir's config.yaml)."
+            )
+        _check_identity(path, state, rank, ident)
+        del state
+    return steps_done
+
+
+def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) -> None:
+    """`model.load_state_dict(weights)`; a ModuleList of megatron DDP chunks loads chunk by chunk
+    (its state_dict keys are `i.<name>`: megatron's DDP leaves out its `module.` prefix)."""
+    if not isinstance(model, torch.nn.ModuleList):
+        model.load_state_dict(weights)
+        return
+    for i, chunk in enumerate(model):
+        prefix = f"{i}."
+        chunk.load_state_dict(
+            {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
+        )
+
+
+def load(
+    run_dir: Path,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    digest: str,
+    ident: Mapping[str, Any],
+) -> tuple[int, dict[str, int]]:
+    """Restore this rank from the latest checkpoint; return the steps done (the next step) and
+    the loop's counters. The optimizer keeps the hyperparameters it was built with from the
+    current config (lr, weight decay), so a resume with a changed trainer.lr applies it."""
+    steps_done = latest_step(run_dir)
+    if steps_done is None:
+        raise SlimeHydraError(f"{checkpoint_root(run_dir)} holds no checkpoint to resume from.")
+    path = rank_file(run_dir, steps_done, rank)
+    state = read(path)
+    if state["schedule"] != digest:
+        raise SlimeHydraError(
+            f"the checkpoint in {path.parent} was trained on a different schedule; resume with "
+            "the same data, batching and parallel config (the run dir's config.yaml)."
+        )
+    _check_identity(path, state, rank, ident)
+    try:
+        load_weights(model, state["model"])
+    except RuntimeError as exc:
+        raise SlimeHydraError(
+            f"{path} does not fit this rank's model: {str(exc).strip().splitlines()[-1][:300]}. "
+            "Resume with the model and parallel config that saved it."
+        ) from None
+    configured = [
+        {k: group[k] for k in HYPERPARAMETERS if k in group} for group in optimizer.param_groups
+    ]
+    optimizer_state = state["optimizer"]
+    if state.get("dropped"):
+        fresh = optimizer.state_dict()
+        for where in state["dropped"]:
+            _put(optimizer_state, tuple(where), _get(fresh, tuple(where)))
+    optimizer.load_state_dict(optimizer_state)
+    for group, values in zip(optimizer.param_groups, configured, strict=False):
+        group.update(values)
+    torch.set_rng_state(state["torch_rng"])
+    random.setstate(state["python_rng"])
+    return steps_done, dict(state.get("counters") or {})

@@ -1,0 +1,172 @@
+"""Start the workers from inside the Hydra job through torch's elastic launcher (torchrun's
+machinery): `trainer.nproc_per_node` processes on each node of the job (train/run/nodes.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.rundir import LOG_FILE
+from slime_hydra.train.job import Job
+from slime_hydra.train.run.nodes import job_nodes, num_procs
+from slime_hydra.train.run.rank_output import setup_rank_output, shown_warnings
+from slime_hydra.train.settings import CpuTrainer
+
+log = logging.getLogger(__name__)
+
+
+def launch(trainer: CpuTrainer, job: Job) -> None:
+    """Run `worker.train(trainer, job)` in nproc_per_node workers (through `run_worker`);
+    restart them up to max_restarts."""
+    nodes = job_nodes()
+    logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
+    config = LaunchConfig(
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
+        nproc_per_node=num_procs(trainer, job),
+        run_id=nodes.run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=nodes.endpoint,
+        max_restarts=trainer.max_restarts,
+        monitor_interval=0.2,
+        logs_specs=DefaultLogsSpecs(log_dir=logs),
+    )
+    log.info(
+        "Launching %d %s workers on node %d of %d (rendezvous %s, max_restarts=%d)",
+        num_procs(trainer, job),
+        trainer.backend,
+        nodes.rank,
+        nodes.count,
+        nodes.endpoint,
+        trainer.max_restarts,
+    )
+    # The agent logs each failed worker's traceback; the report below names the rank where the
+    # failure happened with its error instead (and the traceback, when it is not ours).
+    agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    level = agent_log.level
+    agent_log.setLevel(logging.CRITICAL)
+    try:
+        log_file = str(job.run.run_dir / LOG_FILE)
+        payload = pickle.dumps((trainer, job))
+        elastic_launch(config, run_worker)(payload, log_file, shown_warnings())
+    except ChildFailedError as exc:
+        first = nodes.rank * num_procs(trainer, job)
+        failures = {**recorded_failures(Path(logs), first), **exc.failures}
+        rank = root_cause(failures)
+        if not failure_text(failures[rank]).startswith(SlimeHydraError.__name__ + ":"):
+            log.error("rank %d's traceback:\n%s", rank, traceback_of(failures[rank]))
+        raise SlimeHydraError(failure_report(failures)) from None
+    finally:
+        agent_log.setLevel(level)
+        shutil.rmtree(logs, ignore_errors=True)
+
+
+def run_worker(payload: bytes, log_file: str, shown: frozenset[str]) -> None:
+    """What each spawned worker runs: its rank's output first (train/run/rank_output.py; `shown`:
+    the warnings the job process showed), then the trainer and job unpickled and trained.
+    Unpickling the job imports megatron (the iterator), so they come pickled: megatron's
+    import-time warnings then meet this rank's filters. A rank the launcher stopped exits 1
+    without a traceback: its error file holds the stop (train() records it)."""
+    setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
+    trainer, job = pickle.loads(payload)
+    from slime_hydra.train.run.worker import Stopped, train  # megatron too: after the filters
+
+    try:
+        train(trainer, job)
+    except Stopped:
+        raise SystemExit(1) from None
+
+
+def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:
+    """Every local worker's recorded error of the last attempt, by global rank. The launcher
+    reports only the workers it saw exit first; a rank still tearing down after its own error
+    (while its peers already failed on the lost connection) is stopped, not reported."""
+    attempts = sorted(logs.glob("*/attempt_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not attempts:
+        return {}
+    return {
+        first_rank + int(path.parent.name): ProcessFailure(
+            local_rank=int(path.parent.name), pid=0, exitcode=1, error_file=str(path)
+        )
+        for path in attempts[-1].glob("*/error.json")
+    }
+
+
+def traceback_of(failure: ProcessFailure) -> str:
+    """The traceback a worker recorded in its error file, if any."""
+    message = failure.error_file_data.get("message")
+    if isinstance(message, dict):
+        return str(message.get("extraInfo", {}).get("py_callstack", "")).strip() or "(none)"
+    return "(none recorded)"
+
+
+PEER_LOST = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "socket timeout",
+    "timed out",
+    "nccl",
+    "gloo",
+    "processgroup",
+    "signal 15",
+    "signal 9",
+    "sigterm",
+    "sigkill",
+)
+"""What a rank reports when another rank died first (a broken collective, or the launcher
+stopping the survivors): never the root cause while a rank has a failure of its own."""
+
+
+def failure_text(failure: ProcessFailure) -> str:
+    """The failure's one-line message: the exception a worker recorded (`Type: message`), else
+    what the launcher says (signal, exit code)."""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message or "").strip()
+    if not text or text.startswith("To enable traceback"):
+        text = f"exited with code {failure.exitcode} without an error message"
+    return text
+
+
+def root_cause(failures: Mapping[int, ProcessFailure]) -> int:
+    """The rank whose failure caused the others: one that raised our own error, else one whose
+    error is not a lost peer, else the first observed."""
+
+    def rank_key(item: tuple[int, ProcessFailure]) -> tuple[int, int, int]:
+        rank, failure = item
+        text = failure_text(failure)
+        ours = text.startswith(SlimeHydraError.__name__ + ":")
+        peer = any(needle in text.lower() for needle in PEER_LOST) or failure.exitcode < 0
+        return (0 if ours else 1 if not peer else 2, failure.timestamp, rank)
+
+    return min(failures.items(), key=rank_key)[0]
+
+
+def failure_report(failures: Mapping[int, ProcessFailure]) -> str:
+    """One paragraph: the root-cause rank and its error, then what the other ranks reported."""
+    rank = root_cause(failures)
+    failure = failures[rank]
+    text = failure_text(failure)
+    ours = SlimeHydraError.__name__ + ": "
+    text = text[len(ours) :] if text.startswith(ours) else text
+    lines = text.splitlines() or [""]
+    summary = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
+    others = [
+        f"rank {r}: {failure_text(f).splitlines()[0][:160]}"
+        for r, f in sorted(failures.items())
+        if r != rank
+    ]
+    also = f" Then: {'; '.join(others)}." if others else ""
+    return f"training failed on rank {rank} (exit code {failure.exitcode}): {summary}{also}"

@@ -1,0 +1,109 @@
+"""trainer=plan: simulate any cluster layout in one process, from the schedule, a cost model and
+a memory model."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from slime_hydra.log.sink import NoSink
+from slime_hydra.log.sinks import open_sinks
+from slime_hydra.partition.workload import flops_workloads
+from slime_hydra.schedule import StepSchedule
+from slime_hydra.schedule.memory import GIB, MemoryModel
+from slime_hydra.schedule.pipeline import simulate_pipeline
+from slime_hydra.schedule.schedule import step_number
+from slime_hydra.train.job import Job
+from slime_hydra.train.run.checks import check_knobs
+from slime_hydra.train.run.torchrun import is_rank_zero
+from slime_hydra.train.settings import PlanTrainer
+
+log = logging.getLogger(__name__)
+
+
+def check_plan(trainer: PlanTrainer) -> None:
+    """Plan mode simulates any layout and measures any schedule; only its cost model's
+    numbers must make sense (a zero or negative speed would divide by zero or go back)."""
+    check_knobs(
+        "trainer",
+        achieved_tflops=(trainer.achieved_tflops, 1e-3, None),
+        microbatch_overhead_ms=(trainer.microbatch_overhead_ms, 0.0, None),
+        memory_limit_gib=(trainer.memory_limit_gib, 1e-3, None),
+    )
+
+
+def run_plan(trainer: PlanTrainer, job: Job) -> float:
+    """Emit one metrics row per planned step to metrics.jsonl, the logger and the console
+    table (plan mode's output, whatever the logger); return the simulated seconds of all
+    steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
+    needs more than trainer.memory_limit_gib per GPU. Under torchrun only rank 0 logs: it
+    owns (and has locked) the run dir, so no other rank writes into it."""
+    sink = open_sinks(job.logger, job.run, job.schedule, table=True) if is_rank_zero() else NoSink()
+    total = 0.0
+    try:
+        for step in job.schedule.steps:
+            metrics = {
+                "step": step_number(step.step),
+                **job.batch_metrics(step.step),
+                **simulate(trainer, job, step),
+            }
+            sink.log(metrics)
+            broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
+            total += math.inf if broken else metrics["sim/step_s"]
+            total += memory_penalty(trainer, metrics["step"], metrics["sim/peak_memory_gib"])
+    finally:
+        sink.close()
+    return total
+
+
+def memory_penalty(trainer: PlanTrainer, step: int, peak_gib: float) -> float:
+    """+inf for a step over trainer.memory_limit_gib (it would run out of memory), with a
+    warning that says what lowers it; else 0. +inf, not NaN: the optuna sweeper ranks +inf
+    last and stops the sweep on NaN (hydra issue #2237)."""
+    if trainer.memory_limit_gib is None or peak_gib <= trainer.memory_limit_gib:
+        return 0.0
+    log.warning(
+        "Step %d needs %.1f GiB per GPU, over trainer.memory_limit_gib=%s, so the run's "
+        "objective is +inf. Lower batching.max_tokens_per_gpu, raise parallel.tp/pp/cp, set "
+        "trainer.use_distributed_optimizer=true, or trainer.memory_limit_gib=null.",
+        step,
+        peak_gib,
+        trainer.memory_limit_gib,
+    )
+    return math.inf
+
+
+def simulate(trainer: PlanTrainer, job: Job, step: StepSchedule) -> dict[str, float | int]:
+    """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
+    pipeline stages of all DP ranks over it, the peak micro-batch tokens per GPU, and the
+    peak memory of the fullest GPU (schedule/memory.py) for the job's model."""
+    layout, lengths = job.layout, job.schedule.lengths
+    memory = MemoryModel(job.dims, layout, trainer.use_distributed_optimizer)
+    linear, quadratic = job.flops_coefficients
+    # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
+    per_s = 3 * trainer.achieved_tflops * 1e12 * layout.tp * layout.cp
+    overhead_s = trainer.microbatch_overhead_ms / 3e3  # the forward's third of it
+    timings = [
+        simulate_pipeline(
+            [
+                sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) / per_s
+                + overhead_s
+                for mb in rank
+            ],
+            layout.pp,
+            layout.vpp,
+            layout.vp_group_size,
+        )
+        for rank in step.ranks
+    ]
+    step_s = max(t.step_s for t in timings)
+    busy = sum(sum(t.busy_s) for t in timings)
+    tokens = step.microbatch_tokens(lengths)
+    peak = max(t for rank in tokens for t in rank)
+    return {
+        "sim/step_s": step_s,
+        "sim/bubble_frac": 1 - busy / (len(timings) * layout.pp * step_s) if step_s else 0.0,
+        "sim/peak_tokens": peak // layout.cp,
+        "sim/slowest_dp_rank": max(range(len(timings)), key=lambda r: timings[r].step_s),
+        "sim/peak_memory_gib": max(memory.peak_bytes(rank) for rank in tokens) / GIB,
+    }
