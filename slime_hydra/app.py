@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import validate
+from slime_hydra.config import step_cost_of, validate
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import write_file
 from slime_hydra.hf.checks import model_dims
@@ -93,6 +93,7 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
         pad_multiple=cfg.iterator.get("pad_multiple"),
         logger=factory(cfg.logger),
         tokenizer=OmegaConf.select(cfg, "data.tokenizer"),
+        cost=step_cost_of(cfg, dims, layout),
     )
 
 

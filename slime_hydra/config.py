@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from slime_hydra.calibration import load_step_cost
 from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.text import TextRollouts
@@ -28,9 +29,10 @@ from slime_hydra.log.wandb import WandbSink
 from slime_hydra.partition import BalancedPacker
 from slime_hydra.rundir import flatten
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout
-from slime_hydra.schedule.cost import flops_coefficients
-from slime_hydra.schedule.dynamic import Balance, Oversize
+from slime_hydra.schedule.cost import ModelDims, flops_coefficients
+from slime_hydra.schedule.dynamic import Balance, Count, Oversize
 from slime_hydra.schedule.legacy import VppRounding
+from slime_hydra.schedule.steptime import StepCost
 from slime_hydra.train.settings import CpuTrainer, GpuTrainer, PlanTrainer
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,10 @@ class DynamicBatchingConfig(BatchingConfig):
     partitioner: PartitionerConfig = field(default_factory=PartitionerConfig)
     balance: Balance = Balance.tokens
     """`tokens` or `flops` (a·L + b·L² per sequence from the model group); the cap is hard."""
+    count: Count = Count.min
+    """Micro-batches per rank: `min`, the fewest the cap allows, or `fastest`, the count at or
+    above it (and the order) whose step the cost model simulates fastest (trainer.cost, or
+    the analytic model of trainer.achieved_tflops)."""
 
 
 @dataclass
@@ -172,7 +178,7 @@ CHECKED_GROUPS = ("batching", "parallel", "data", "trainer", "iterator", "logger
 _HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
 
 RUNTIME_ARGS = {
-    "batching": {"layout", "flops_coefficients"},
+    "batching": {"layout", "flops_coefficients", "step_cost"},
     "iterator": {"batch", "microbatches", "step", "dp_rank", "tp_size", "cp_size", "cp_rank"},
     "logger": {"run", "schedule"},
 }
@@ -275,6 +281,20 @@ def check_integers(cfg: DictConfig) -> None:
         )
 
 
+def step_cost_of(cfg: DictConfig, dims: ModelDims, layout: ParallelLayout) -> StepCost:
+    """The run's step cost model: trainer.cost's calibration, else the analytic model of the
+    trainer's achieved_tflops and microbatch_overhead_ms (schedule/steptime.py)."""
+    path = OmegaConf.select(cfg, "trainer.cost")
+    if path:
+        return load_step_cost(path, dims.name, layout)
+    return StepCost.analytic(
+        flops_coefficients(dims),
+        cfg.trainer.achieved_tflops,
+        cfg.trainer.microbatch_overhead_ms,
+        layout,
+    )
+
+
 def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     """Check the whole config before anything runs (what the workers would reject included:
     int64 ranges, the seed, the model's values, megatron's tensor-parallel split); return the
@@ -284,10 +304,13 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     layout = layout_of(cfg)
     dims = model_dims(cfg.model)
     check_tensor_parallel(dims, layout.tp)
-    runtime = {}
+    runtime: dict[str, Any] = {}
     if OmegaConf.select(cfg, "batching.balance") == Balance.flops:
         # The same cost model that plan mode's sim/* and the flops metrics use.
         runtime["flops_coefficients"] = flops_coefficients(dims)
+    cost = step_cost_of(cfg, dims, layout)  # a bad trainer.cost is refused here, before a run
+    if OmegaConf.select(cfg, "batching.count") == Count.fastest:
+        runtime["step_cost"] = cost
     strategy = build(cfg.batching, layout=layout, **runtime)
     strategy.check_step_size(strategy.global_batch_size)
     group = OmegaConf.select(cfg, "data.n_samples_per_prompt")

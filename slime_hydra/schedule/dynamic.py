@@ -38,6 +38,7 @@ from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
+from slime_hydra.schedule.steptime import StepCost, bin_seconds, fastest_order, simulate_bins
 from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
@@ -57,6 +58,20 @@ class Balance(StrEnum):
     flops = "flops"
 
 
+class Count(StrEnum):
+    """How many micro-batches each rank gets: the fewest the cap allows, or the count (at or
+    above it) whose step the cost model (schedule.steptime) simulates fastest."""
+
+    min = "min"
+    fastest = "fastest"
+
+
+CANDIDATES = 8
+"""Counts `fastest` simulates at most (K, K + g, ...); it stops early once two in a row are
+slower than the best so far (the step time of more, smaller micro-batches falls while the
+pipeline bubble shrinks and rises once their fixed cost dominates)."""
+
+
 class DynamicBatching(BatchingStrategy):
     """Cap-safe, VPP-aligned, DP-balanced micro-batches with one count for all ranks."""
 
@@ -69,6 +84,8 @@ class DynamicBatching(BatchingStrategy):
         partitioner: Partitioner | None = None,
         balance: Balance | str = Balance.tokens,
         flops_coefficients: tuple[float, float] | None = None,
+        count: Count | str = Count.min,
+        step_cost: StepCost | None = None,
     ) -> None:
         if max_tokens_per_gpu is None:
             raise SlimeHydraError(
@@ -84,6 +101,14 @@ class DynamicBatching(BatchingStrategy):
                 "batching.balance=flops needs the model's FLOPs per sequence (a·L + b·L², from "
                 "the model group); build the strategy through the config, or set "
                 "batching.balance=tokens."
+            )
+        self.count = Count(count)
+        self.step_cost = step_cost
+        if self.count is Count.fastest and step_cost is None:
+            raise SlimeHydraError(
+                "batching.count=fastest needs the step cost model (schedule/steptime.py: "
+                "trainer.cost or the analytic model of the trainer's achieved_tflops); build "
+                "the strategy through the config, or set batching.count=min."
             )
         if not 0 < self.partitioner.tolerance < 1:
             raise SlimeHydraError(
@@ -129,23 +154,41 @@ class DynamicBatching(BatchingStrategy):
             )
         weights = self.weights(sizes)
         dp, g = self.layout.dp, self.layout.microbatch_alignment
+        k_lb = microbatch_lower_bound(sizes, cap, dp, g)
+        budget = self.partitioner.budget
+        found = self._pack(sizes, weights, k_lb, False, budget)
+        if found is None:
+            raise self._too_few(len(samples), k_lb, step)
+        k, bin_of = found
+        if self.count is Count.fastest:
+            k, bin_of = self._fastest(sizes, weights, k, bin_of)
+        return _nested(bin_of, np.asarray(samples, dtype=np.int64), dp, k)
+
+    def _pack(
+        self, sizes: np.ndarray, weights: np.ndarray, k: int, exact: bool, budget: int
+    ) -> tuple[int, np.ndarray] | None:
+        """The micro-batch (rank r's m-th: r·K + m) of each sample at the first count from `k`
+        up in steps of the VPP alignment that the partitioner packs (at `k` alone if `exact`),
+        with `budget` for balancing; None if none."""
+        cap = self.cap
+        assert cap is not None
+        dp, g = self.layout.dp, self.layout.microbatch_alignment
         over = sizes > cap
         normal = np.flatnonzero(~over)
         alone = np.flatnonzero(over)
-        budget = self.partitioner.budget
         work = Work(budget // 2)  # half for the micro-batches; the ranks get the rest
-        k_lb = microbatch_lower_bound(sizes, cap, dp, g)
-        # Bins for the samples within the cap: dp·K less the over-cap ones, K = K_lb, + g, ...
-        counts = range(dp * k_lb - alone.size, normal.size + 1, dp * g)
+        # Bins for the samples within the cap: dp·K less the over-cap ones, K = k, k + g, ...
+        start = dp * k - alone.size
+        counts = range(start, start + 1) if exact else range(start, normal.size + 1, dp * g)
         if normal.size:
             found = self.partitioner(sizes[normal], weights[normal], counts, cap, work)
         else:
-            found = (0, np.zeros(0, dtype=np.int64)) if dp * k_lb == alone.size else None
+            found = (0, np.zeros(0, dtype=np.int64)) if dp * k == alone.size else None
         if found is None:
-            raise self._too_few(len(samples), k_lb, step)
+            return None
         bins, packed = found
         k = (bins + alone.size) // dp
-        bin_of = np.empty(len(samples), dtype=np.int64)
+        bin_of = np.empty(len(sizes), dtype=np.int64)
         bin_of[normal] = packed
         bin_of[alone] = np.arange(bins, bins + alone.size)
         # Deal the micro-batches K to each rank, heaviest first, then even the ranks.
@@ -156,7 +199,44 @@ class DynamicBatching(BatchingStrategy):
         bin_of = place[bin_of]
         ranks = Work(budget - min(work.spent, budget // 2))
         even_groups(bin_of, sizes, weights, dp, cap, self.partitioner.tolerance / 4, ranks, over)
-        return _nested(bin_of, np.asarray(samples, dtype=np.int64), dp, k)
+        return k, bin_of
+
+    def _fastest(
+        self, sizes: np.ndarray, weights: np.ndarray, k: int, bin_of: np.ndarray
+    ) -> tuple[int, np.ndarray]:
+        """batching.count=fastest: of the counts from the fewest packed (`k`, `bin_of`) up,
+        the one whose step simulates fastest, each tried with the construction alone (no
+        balancing budget) and the chosen one packed again with it; then each rank's
+        micro-batches in the order its pipeline runs fastest."""
+        assert self.step_cost is not None
+        g = self.layout.microbatch_alignment
+        best_s, best_k, slower = self._seconds(sizes, self._pack(sizes, weights, k, True, 0)), k, 0
+        for cand in range(k + g, k + g * CANDIDATES, g):
+            found = self._pack(sizes, weights, cand, True, 0)
+            if found is None:
+                break
+            seconds = self._seconds(sizes, found)
+            if seconds < best_s:
+                best_s, best_k, slower = seconds, cand, 0
+            else:
+                slower += 1
+                if slower == 2:
+                    break
+        if best_k != k:
+            found = self._pack(sizes, weights, best_k, True, self.partitioner.budget)
+            assert found is not None  # packed above with less work
+            k, bin_of = found
+        bin_s = bin_seconds(bin_of, sizes, self.layout.dp * k, self.step_cost)
+        return k, fastest_order(bin_of, bin_s, self.layout, k, self.step_cost)
+
+    def _seconds(self, sizes: np.ndarray, found: tuple[int, np.ndarray] | None) -> float:
+        """The simulated step time of a packing (`inf` if there is none)."""
+        if found is None:
+            return np.inf
+        assert self.step_cost is not None
+        k, bin_of = found
+        bin_s = bin_seconds(bin_of, sizes, self.layout.dp * k, self.step_cost)
+        return simulate_bins(bin_s.reshape(self.layout.dp, k), self.layout, self.step_cost)
 
     def _too_few(self, n: int, k: int, step: int) -> SlimeHydraError:
         g = self.layout.microbatch_alignment

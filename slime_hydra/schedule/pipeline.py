@@ -1,10 +1,9 @@
 """Pipeline cost model for `trainer=plan`: simulated 1F1B (and interleaved 1F1B with VPP).
 
-Assumptions, stated once: a micro-batch's forward+backward FLOPs are a·L + b·L² per sequence
-(dense matmuls plus causal attention); they split evenly over pp stages, vpp chunks per stage
-and the tp × cp GPUs of a stage; backward costs twice the forward; every GPU sustains
-`flops_per_s`; point-to-point sends, the DP all-reduce and the optimizer step are free. A DP
-rank's step is the makespan of its pipeline; the step waits for the slowest DP rank.
+A micro-batch's whole-model forward time splits evenly over the pp stages and vpp chunks per
+stage; backward costs twice the forward; an activation or gradient crossing to another stage
+costs `p2p_s`. A DP rank's step is the makespan of its pipeline (schedule.steptime adds the
+step's all-reduce and optimizer step and waits for the slowest DP rank).
 """
 
 from __future__ import annotations
@@ -53,11 +52,16 @@ def stage_order(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[
 
 
 def simulate_pipeline(
-    forward_s: Sequence[float], pp: int, vpp: int = 1, group: int | None = None
+    forward_s: Sequence[float],
+    pp: int,
+    vpp: int = 1,
+    group: int | None = None,
+    p2p_s: float = 0.0,
 ) -> PipelineTiming:
     """Simulate one DP rank's pipeline over micro-batches with the given whole-model forward
     times (backward = 2 × forward), each op starting once its stage is free and its input
-    (the previous stage's forward, the next stage's backward) is done."""
+    (the previous stage's forward, the next stage's backward) is done and, from another stage,
+    sent (`p2p_s`)."""
     num_mb = len(forward_s)
     group = pp if group is None else group
     chunk_f = [f / (pp * vpp) for f in forward_s]
@@ -76,7 +80,8 @@ def simulate_pipeline(
                 if dep is not None and dep not in done:
                     break
                 cost = chunk_f[m] * (1 if kind == "F" else 2)
-                start = max(clock[s], done.get(dep, 0.0) if dep else 0.0)
+                ready = 0.0 if dep is None else done[dep] + (p2p_s if dep[1] != s else 0.0)
+                start = max(clock[s], ready)
                 clock[s] = start + cost
                 busy[s] += cost
                 done[(kind, s, c, m)] = clock[s]

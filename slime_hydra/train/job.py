@@ -10,6 +10,7 @@ from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.log.sink import RunInfo, Sink
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
+from slime_hydra.schedule.steptime import StepCost
 
 if TYPE_CHECKING:  # the packer imports torch; the app and --help do not need it
     from slime_hydra.data.iterator import MicrobatchIterator
@@ -32,6 +33,8 @@ class Job:
     iterator: Callable[..., MicrobatchIterator]
     pad_multiple: int | None
     logger: Callable[..., Sink]
+    cost: StepCost
+    """The step cost model (schedule/steptime.py): trainer.cost's calibration, or analytic."""
     tokenizer: str | None = None
 
     @property

@@ -12,14 +12,24 @@ if TYPE_CHECKING:
     from slime_hydra.train.job import Job
 
 
-@dataclass(frozen=True)
-class PlanTrainer:
-    """Logs every step's schedule metrics and its simulated pipeline time, without a model."""
+@dataclass
+class StepCostSettings:
+    """Where the step cost model (schedule/steptime.py) comes from, for every trainer: a
+    calibration file, or the uncalibrated analytic model of these two numbers."""
 
+    cost: str | None = None
+    """A calibration file (python -m slime_hydra.calibrate writes one) for this layout; null:
+    the analytic model of achieved_tflops and microbatch_overhead_ms, uncalibrated."""
     achieved_tflops: float = 400.0
     """Sustained dense TFLOP/s of one GPU (e.g. ~40% of an H100's bf16 peak)."""
     microbatch_overhead_ms: float = 2.0
     """Fixed forward+backward cost of one micro-batch (launches, small matmuls, p2p set-up)."""
+
+
+@dataclass
+class PlanTrainer(StepCostSettings):
+    """Logs every step's schedule metrics and its simulated pipeline time, without a model."""
+
     memory_limit_gib: float | None = 80.0
     """GPU memory a step may use per GPU (against sim/peak_memory_gib, schedule/memory.py); a
     step over it makes the run's objective +inf. 80: an H100's; null: memory is not limited."""
@@ -28,9 +38,13 @@ class PlanTrainer:
 
 
 @dataclass
-class CpuTrainer:
+class CpuTrainer(StepCostSettings):
     """Train the policy with megatron-core on CPU ranks over gloo: every layout (dp, tp, pp, vpp,
     cp) through the same megatron schedules, DDP and loss as trainer=gpu, in float32."""
+
+    achieved_tflops: float = 0.05
+    """Sustained float32 TFLOP/s of one CPU rank (uncalibrated; trainer.cost for a measured
+    model)."""
 
     nproc_per_node: int | None = None
     """Workers the launcher starts per node; null: the layout's dp × tp × pp × cp over the nodes."""
@@ -77,6 +91,7 @@ class CpuTrainer:
 class GpuTrainer(CpuTrainer):
     """Train with megatron-core on NCCL GPUs: the same engine, bf16, TE layers where installed."""
 
+    achieved_tflops: float = 400.0
     lr: float = 1e-6
     """AdamW learning rate (constant); lower than the CPU trainer's, for real model sizes."""
     params_dtype: str = "bfloat16"

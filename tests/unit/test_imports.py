@@ -23,7 +23,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "schedule",  # + the pure cost model
         "planner",  # the planning API over schedule's strategies and metrics
         "compat",  # slime's and verl's partition calls on the planner
-        "hf instantiate rundir",  # HF config.json and tokenizer reading; object building
+        "hf instantiate rundir calibration",  # HF config.json, tokenizers; objects; cost files
         "data log",
         "train train.job",  # the Job the app plans (plain data)
         # The trainers' settings (plain data); report's figures and the W&B workspace beside

@@ -19,6 +19,7 @@ import pytest
 from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.memory import GIB, MemoryModel
+from slime_hydra.schedule.steptime import StepCost
 from slime_hydra.train.run.plan import memory_penalty, simulate
 from slime_hydra.train.settings import PlanTrainer
 
@@ -114,9 +115,8 @@ def test_plan_mode_logs_the_peak_of_the_fullest_rank():
     # peak is the pp=1 case above, 2888 × 18 + 28800 = 80784 bytes.
     step = StepSchedule.build(0, [[[0], [1], [2]], [[3]]])
     schedule = Schedule((10, 20, 30, 5), None, (step,))
-    job = SimpleNamespace(
-        layout=ParallelLayout(dp=2), schedule=schedule, flops_coefficients=(1, 0), dims=TOY
-    )
+    cost = StepCost(token_s=1.0, square_s=0.0, microbatch_s=0.0)
+    job = SimpleNamespace(layout=ParallelLayout(dp=2), schedule=schedule, cost=cost, dims=TOY)
     sim = simulate(PlanTrainer(), job, step)
     assert sim["sim/peak_memory_gib"] == pytest.approx(80784 / GIB)
     # The distributed optimizer shards 12 of the 18 bytes over dp=2: 2888 × 12 fewer bytes.

@@ -12,6 +12,7 @@ import pytest
 
 from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule, step_metrics
 from slime_hydra.schedule.cost import ModelDims
+from slime_hydra.schedule.steptime import StepCost
 from slime_hydra.train.run.plan import simulate
 from slime_hydra.train.settings import PlanTrainer
 from tests.contract import BATCH_KEYS, SIM_KEYS
@@ -140,13 +141,15 @@ def test_without_a_cap_the_cap_metrics_are_neutral():
     assert m["batch/mb_tokens_min"] == 3
 
 
-def plan_job(lengths, ranks, layout, coefficients):
-    """What plan mode's simulate reads of a Job: the layout, the schedule, the cost model and
-    the model's dims (for memory)."""
+def plan_job(lengths, ranks, layout, coefficients, trainer=None):
+    """What plan mode's simulate reads of a Job: the layout, the schedule, the step cost model
+    (analytic, of `trainer`'s speed) and the model's dims (for memory)."""
+    trainer = trainer or ONE_TFLOPS
     schedule = Schedule(tuple(lengths), None, (StepSchedule.build(0, ranks),))
-    return SimpleNamespace(
-        layout=layout, schedule=schedule, flops_coefficients=coefficients, dims=DIMS
+    cost = StepCost.analytic(
+        coefficients, trainer.achieved_tflops, trainer.microbatch_overhead_ms, layout
     )
+    return SimpleNamespace(layout=layout, schedule=schedule, cost=cost, dims=DIMS)
 
 
 # 1 TFLOP/s per GPU and 3e12 FLOPs per token (forward + backward): a micro-batch's whole-model
@@ -175,7 +178,7 @@ def test_sim_overhead_adds_a_third_per_forward():
     # microbatch_overhead_ms=3000: 3 s per micro-batch forward+backward, 1 s of it in the
     # forward. rank 0: 3 × ((3 + 1) + (3 + 1)) = 24 s; rank 1: 3 × (3 + 2.5) = 16.5 s.
     trainer = PlanTrainer(achieved_tflops=1.0, microbatch_overhead_ms=3000.0)
-    job = plan_job(A_LENGTHS, A_STEP.ranks, ParallelLayout(dp=2, tp=2), PER_TOKEN)
+    job = plan_job(A_LENGTHS, A_STEP.ranks, ParallelLayout(dp=2, tp=2), PER_TOKEN, trainer)
     sim = simulate(trainer, job, job.schedule.steps[0])
     assert sim["sim/step_s"] == pytest.approx(24.0)
     assert sim["sim/bubble_frac"] == pytest.approx(1 - (24 + 16.5) / 48)

@@ -8,11 +8,10 @@ import math
 
 from slime_hydra.log.sink import NoSink
 from slime_hydra.log.sinks import open_sinks
-from slime_hydra.partition.workload import flops_workloads
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.memory import GIB, MemoryModel
-from slime_hydra.schedule.pipeline import simulate_pipeline
 from slime_hydra.schedule.schedule import step_number
+from slime_hydra.schedule.steptime import simulate_step
 from slime_hydra.train.job import Job
 from slime_hydra.train.run.checks import check_knobs
 from slime_hydra.train.run.torchrun import is_rank_zero
@@ -74,36 +73,21 @@ def memory_penalty(trainer: PlanTrainer, step: int, peak_gib: float) -> float:
 
 
 def simulate(trainer: PlanTrainer, job: Job, step: StepSchedule) -> dict[str, float | int]:
-    """sim/* metrics: the slowest DP rank's pipeline makespan, the idle share of all
-    pipeline stages of all DP ranks over it, the peak micro-batch tokens per GPU, and the
-    peak memory of the fullest GPU (schedule/memory.py) for the job's model."""
+    """sim/* metrics: the step time of megatron's schedule under the job's cost model
+    (schedule/steptime.py: the slowest DP rank's pipeline, then the all-reduce and optimizer),
+    the idle share of all pipeline stages of all DP ranks, the peak micro-batch tokens per
+    GPU, and the peak memory of the fullest GPU (schedule/memory.py) for the job's model."""
     layout, lengths = job.layout, job.schedule.lengths
     memory = MemoryModel(job.dims, layout, trainer.use_distributed_optimizer)
-    linear, quadratic = job.flops_coefficients
-    # Forward is a third of forward+backward; a stage's work is split over tp × cp GPUs.
-    per_s = 3 * trainer.achieved_tflops * 1e12 * layout.tp * layout.cp
-    overhead_s = trainer.microbatch_overhead_ms / 3e3  # the forward's third of it
-    timings = [
-        simulate_pipeline(
-            [
-                sum(flops_workloads([lengths[i] for i in mb], linear, quadratic)) / per_s
-                + overhead_s
-                for mb in rank
-            ],
-            layout.pp,
-            layout.vpp,
-            layout.vp_group_size,
-        )
-        for rank in step.ranks
-    ]
-    step_s = max(t.step_s for t in timings)
-    busy = sum(sum(t.busy_s) for t in timings)
+    timing = simulate_step(
+        [[[lengths[i] for i in mb] for mb in rank] for rank in step.ranks], layout, job.cost
+    )
     tokens = step.microbatch_tokens(lengths)
     peak = max(t for rank in tokens for t in rank)
     return {
-        "sim/step_s": step_s,
-        "sim/bubble_frac": 1 - busy / (len(timings) * layout.pp * step_s) if step_s else 0.0,
+        "sim/step_s": timing.step_s,
+        "sim/bubble_frac": timing.bubble_frac,
         "sim/peak_tokens": peak // layout.cp,
-        "sim/slowest_dp_rank": max(range(len(timings)), key=lambda r: timings[r].step_s),
+        "sim/slowest_dp_rank": timing.slowest_rank,
         "sim/peak_memory_gib": max(memory.peak_bytes(rank) for rank in tokens) / GIB,
     }

@@ -1,0 +1,167 @@
+"""Step time: what a training step costs, term by term, and the step megatron's schedule makes
+of it (schedule.pipeline). The terms come from a calibration on the machine that runs
+(`python -m slime_hydra.calibrate`, loaded with trainer.cost=FILE) or, uncalibrated, from the
+FLOPs of the model at trainer.achieved_tflops plus trainer.microbatch_overhead_ms.
+
+A micro-batch of sequences L_1..L_n costs, forward and backward through the whole model on one
+model replica of the layout (its tp × cp GPUs; a pipeline stage's model chunk takes 1/(pp·vpp)
+of it):  token_s · ΣL + square_s · ΣL² + microbatch_s.
+Each activation or gradient sent between pipeline stages costs p2p_s (per micro-batch, per
+send); the step ends with the DP gradient all-reduce and the optimizer step, once each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule.layout import ParallelLayout
+from slime_hydra.schedule.pipeline import PipelineTiming, simulate_pipeline
+
+BACKWARD_SHARE = 2 / 3  # backward costs twice the forward
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Seconds per term of a step (see the module docstring); `source` says where they came
+    from: a calibration file, or "analytic" (uncalibrated)."""
+
+    token_s: float
+    square_s: float
+    microbatch_s: float
+    p2p_s: float = 0.0
+    allreduce_s: float = 0.0
+    optimizer_s: float = 0.0
+    source: str = "analytic"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "source" and not (isinstance(value, float | int) and 0 <= value < 1e6):
+                raise SlimeHydraError(
+                    f"step cost {f.name}={value!r} ({self.source}) must be a number of seconds "
+                    ">= 0; recalibrate (python -m slime_hydra.calibrate) or drop trainer.cost."
+                )
+
+    @classmethod
+    def analytic(
+        cls,
+        flops_coefficients: tuple[float, float],
+        achieved_tflops: float,
+        microbatch_overhead_ms: float,
+        layout: ParallelLayout,
+    ) -> StepCost:
+        """The uncalibrated model: a·L + b·L² FLOPs per sequence at `achieved_tflops` per GPU
+        over the tp × cp GPUs of a replica, a fixed overhead per micro-batch, communication
+        free."""
+        linear, quadratic = flops_coefficients
+        per_s = achieved_tflops * 1e12 * layout.tp * layout.cp
+        return cls(linear / per_s, quadratic / per_s, microbatch_overhead_ms / 1e3)
+
+    @classmethod
+    def from_mapping(cls, terms: Mapping[str, object], source: str) -> StepCost:
+        """Build from a calibration file's `terms`, naming any unknown or missing term."""
+        known = {f.name for f in fields(cls)} - {"source"}
+        unknown = sorted(set(terms) - known)
+        missing = sorted({"token_s", "square_s", "microbatch_s"} - set(terms))
+        if unknown or missing:
+            raise SlimeHydraError(
+                f"{source}: the step cost terms {sorted(terms)} have unknown {unknown} and "
+                f"lack {missing}; expected {sorted(known)}. Recalibrate with python -m "
+                "slime_hydra.calibrate, or drop trainer.cost for the analytic model."
+            )
+        return cls(**{k: terms[k] for k in terms}, source=source)  # type: ignore[arg-type]
+
+    def microbatch_seconds(self, lengths: Sequence[int] | np.ndarray) -> float:
+        """Forward and backward of one micro-batch through the whole model."""
+        L = np.asarray(lengths, dtype=np.float64)
+        return (
+            self.token_s * float(L.sum())
+            + self.square_s * float((L * L).sum())
+            + (self.microbatch_s)
+        )
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """A simulated step: its time, the idle share of the pipeline stages of all DP ranks over
+    it, the slowest DP rank, and the share of the step that is communication after the
+    pipelines (all-reduce and optimizer)."""
+
+    step_s: float
+    bubble_frac: float
+    slowest_rank: int
+    tail_s: float
+
+
+def simulate_step(
+    ranks: Sequence[Sequence[Sequence[int]]], layout: ParallelLayout, cost: StepCost
+) -> StepTiming:
+    """Simulate one step: `ranks[r][m]` are the lengths of micro-batch m of DP rank r, run in
+    that order through megatron's 1F1B (interleaved with vpp > 1) pipeline schedule; the step
+    waits for the slowest rank, then all-reduces and steps the optimizer."""
+    seconds = [[cost.microbatch_seconds(mb) for mb in rank] for rank in ranks]
+    timings = [rank_timing(rank, layout, cost) for rank in seconds]
+    pipe_s = max(t.step_s for t in timings)
+    slowest = max(range(len(timings)), key=lambda r: timings[r].step_s)
+    busy = sum(sum(t.busy_s) for t in timings)
+    bubble = 1 - busy / (len(timings) * layout.pp * pipe_s) if pipe_s else 0.0
+    tail = cost.allreduce_s + cost.optimizer_s
+    return StepTiming(pipe_s + tail, bubble, slowest, tail)
+
+
+def rank_timing(seconds: Sequence[float], layout: ParallelLayout, cost: StepCost) -> PipelineTiming:
+    """One DP rank's pipeline over micro-batches of these forward+backward `seconds`, in order."""
+    forward = [(1 - BACKWARD_SHARE) * s for s in seconds]
+    return simulate_pipeline(forward, layout.pp, layout.vpp, layout.vp_group_size, cost.p2p_s)
+
+
+def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost) -> np.ndarray:
+    """Forward+backward seconds of each micro-batch (`bin_of`: each sample's)."""
+    L = sizes.astype(np.float64)
+    tokens = np.bincount(bin_of, weights=L, minlength=bins)
+    squares = np.bincount(bin_of, weights=L * L, minlength=bins)
+    return cost.token_s * tokens + cost.square_s * squares + cost.microbatch_s
+
+
+def simulate_bins(seconds: np.ndarray, layout: ParallelLayout, cost: StepCost) -> float:
+    """The step time of ranks whose micro-batches (rows of `seconds`, in order) take these
+    seconds: the slowest rank's pipeline (without one, the sum of its micro-batches), then
+    the all-reduce and the optimizer step."""
+    if layout.pp == 1:
+        pipe_s = float(seconds.sum(axis=1).max())
+    else:
+        pipe_s = max(rank_timing(row.tolist(), layout, cost).step_s for row in seconds)
+    return pipe_s + cost.allreduce_s + cost.optimizer_s
+
+
+def orders(k: int, seconds: np.ndarray) -> list[np.ndarray]:
+    """Orders of a rank's k micro-batches worth trying: as planned, ascending, descending, and
+    the smallest at both ends (ascending from the first to the middle, descending after it),
+    which shortens the warm-up and cool-down that 1F1B leaves idle."""
+    asc = np.argsort(seconds, kind="stable")
+    ends = np.empty(k, dtype=np.int64)
+    ends[: (k + 1) // 2] = asc[0::2]
+    ends[(k + 1) // 2 :] = asc[1::2][::-1]
+    return [np.arange(k), asc, asc[::-1], ends]
+
+
+def fastest_order(
+    bin_of: np.ndarray, bin_s: np.ndarray, layout: ParallelLayout, k: int, cost: StepCost
+) -> np.ndarray:
+    """`bin_of` with each rank's micro-batches (r·k .. r·k + k - 1) reordered to the order of
+    `orders` its pipeline simulates fastest (the first of equals: as planned without a
+    pipeline)."""
+    if layout.pp == 1:
+        return bin_of
+    place = np.arange(layout.dp * k)
+    for r in range(layout.dp):
+        row = bin_s[r * k : (r + 1) * k]
+        tried = orders(k, row)
+        times = [rank_timing(row[o].tolist(), layout, cost).step_s for o in tried]
+        best = tried[int(np.argmin(times))]
+        place[r * k + best] = r * k + np.arange(k)
+    return place[bin_of]
