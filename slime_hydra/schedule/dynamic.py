@@ -206,8 +206,9 @@ class DynamicBatching(BatchingStrategy):
     ) -> tuple[int, np.ndarray]:
         """batching.count=fastest: of the counts from the fewest packed (`k`, `bin_of`) up,
         the one whose step simulates fastest, each tried with the construction alone (no
-        balancing budget) and the chosen one packed again with it; then each rank's
-        micro-batches in the order its pipeline runs fastest."""
+        balancing budget) and the chosen one packed again with it, each rank's micro-batches
+        in the order its pipeline runs fastest; kept only where it beats the fewest so
+        ordered, so `fastest` never simulates slower than `min`."""
         assert self.step_cost is not None
         g = self.layout.microbatch_alignment
         best_s, best_k, slower = self._seconds(sizes, self._pack(sizes, weights, k, True, 0)), k, 0
@@ -222,12 +223,20 @@ class DynamicBatching(BatchingStrategy):
                 slower += 1
                 if slower == 2:
                     break
+        bin_of = self._ordered(sizes, k, bin_of)
         if best_k != k:
             found = self._pack(sizes, weights, best_k, True, self.partitioner.budget)
             assert found is not None  # packed above with less work
-            k, bin_of = found
+            faster = self._ordered(sizes, *found)
+            if self._seconds(sizes, (best_k, faster)) < self._seconds(sizes, (k, bin_of)):
+                k, bin_of = best_k, faster
+        return k, bin_of
+
+    def _ordered(self, sizes: np.ndarray, k: int, bin_of: np.ndarray) -> np.ndarray:
+        """`bin_of` with each rank's micro-batches in the order its pipeline runs fastest."""
+        assert self.step_cost is not None
         bin_s = bin_seconds(bin_of, sizes, self.layout.dp * k, self.step_cost)
-        return k, fastest_order(bin_of, bin_s, self.layout, k, self.step_cost)
+        return fastest_order(bin_of, bin_s, self.layout, k, self.step_cost)
 
     def _seconds(self, sizes: np.ndarray, found: tuple[int, np.ndarray] | None) -> float:
         """The simulated step time of a packing (`inf` if there is none)."""

@@ -1,0 +1,169 @@
+"""schedule.steptime: the step cost model, the simulated step by hand (the textbook bubble,
+p2p sends, the step's tail), the order a rank's micro-batches run in, batching.count=fastest,
+and calibration files (calibration.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.calibration import calibration_json, load_step_cost
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule import DynamicBatching, ParallelLayout, violations
+from slime_hydra.schedule.steptime import StepCost, rank_order, rank_timing, simulate_step
+from tests.families import FAMILIES, lengths_of
+
+PER_TOKEN = StepCost(token_s=1.0, square_s=0.0, microbatch_s=0.0)  # 1 s per token, fwd+bwd
+
+
+def test_equal_microbatches_give_the_textbook_bubble():
+    # pp=4, 8 micro-batches of 3 tokens: 3 s forward+backward each, per stage f = 0.25, b = 0.5.
+    # 1F1B: (m + pp - 1)(f + b) = 11 × 0.75 = 8.25 s, idle (pp - 1) / (m + pp - 1) = 3/11.
+    timing = simulate_step([[[3]] * 8], ParallelLayout(pp=4), PER_TOKEN)
+    assert timing.step_s == pytest.approx(8.25)
+    assert timing.bubble_frac == pytest.approx(3 / 11)
+
+
+def test_p2p_sends_and_the_tail_by_hand():
+    # pp=2, one micro-batch of 6 tokens: f = 1, b = 2 per stage. F0 [0, 1], sent 0.5, F1
+    # [1.5, 2.5], B1 [2.5, 4.5], sent 0.5, B0 [5, 7]; then all-reduce 1 and optimizer 2: 10 s.
+    cost = StepCost(1.0, 0.0, 0.0, p2p_s=0.5, allreduce_s=1.0, optimizer_s=2.0)
+    timing = simulate_step([[[6]]], ParallelLayout(pp=2), cost)
+    assert timing.step_s == pytest.approx(10.0)
+    assert timing.tail_s == pytest.approx(3.0)
+
+
+def test_the_analytic_cost_is_the_flops_at_the_achieved_speed():
+    # 6e12 FLOPs per token, 2e12 per L², at 1 TFLOP/s over tp=2 × cp=3 GPUs; 4 ms a batch.
+    cost = StepCost.analytic((6e12, 2e12), 1.0, 4.0, ParallelLayout(tp=2, cp=3))
+    assert cost.microbatch_seconds([2, 3]) == pytest.approx((6 * 5 + 2 * 13) / 6 + 0.004)
+
+
+@pytest.mark.parametrize(("pp", "vpp", "k"), [(2, 1, 5), (4, 1, 6), (2, 2, 6)])
+def test_one_long_microbatch_goes_where_enumeration_says(pp, vpp, k):
+    layout = ParallelLayout(pp=pp, vpp=vpp)
+    seconds = np.array([9.0] + [1.0] * (k - 1))
+    best = min(
+        rank_timing(list(p), layout, PER_TOKEN).step_s
+        for p in set(itertools.permutations(seconds.tolist()))
+    )
+    ours = rank_timing(seconds[rank_order(seconds, layout, PER_TOKEN)].tolist(), layout, PER_TOKEN)
+    long_first = rank_timing(seconds.tolist(), layout, PER_TOKEN).step_s
+    assert ours.step_s == pytest.approx(best) and best < long_first
+
+
+def test_small_at_both_ends_beats_long_first_on_a_pipeline():
+    # The anchors' order (verl #2452): the two short micro-batches at the ends.
+    layout = ParallelLayout(pp=4)
+    seconds = np.array([8.0, 8.0, 8.0, 1.0, 1.0])
+    order = rank_order(seconds, layout, PER_TOKEN)
+    planned = rank_timing(seconds.tolist(), layout, PER_TOKEN).step_s
+    assert rank_timing(seconds[order].tolist(), layout, PER_TOKEN).step_s < planned
+
+
+def test_fastest_takes_more_microbatches_where_the_pipeline_idles():
+    # pp=4, 64 samples of 100 tokens under a cap of 1600: the fewest is 4 micro-batches of 16
+    # (bubble 3/7); more, smaller ones shrink it while each costs only 1 ms more.
+    layout = ParallelLayout(pp=4)
+    cost = StepCost(token_s=1e-3, square_s=0.0, microbatch_s=1e-3)
+    lengths = [100] * 64
+    fewest = DynamicBatching(layout, 64, 1600).plan(lengths, list(range(64)))
+    fast = DynamicBatching(layout, 64, 1600, count="fastest", step_cost=cost)
+    schedule = fast.plan(lengths, list(range(64)))
+
+    def step_s(s):
+        return simulate_step(
+            [[[lengths[i] for i in mb] for mb in r] for r in s.steps[0].ranks], layout, cost
+        ).step_s
+
+    assert fewest.steps[0].num_microbatches == 4
+    assert schedule.steps[0].num_microbatches > 4
+    assert step_s(schedule) < step_s(fewest)
+
+
+def test_fastest_keeps_the_fewest_without_a_pipeline():
+    # pp=1, one rank: every micro-batch more only adds its fixed cost.
+    cost = StepCost(token_s=1e-3, square_s=0.0, microbatch_s=1e-3)
+    lengths = [100] * 64
+    fast = DynamicBatching(ParallelLayout(), 64, 1600, count="fastest", step_cost=cost)
+    assert fast.plan(lengths, list(range(64))).steps[0].num_microbatches == 4
+
+
+def test_fastest_needs_a_cost_model():
+    with pytest.raises(SlimeHydraError, match=r"batching\.count=min"):
+        DynamicBatching(ParallelLayout(), 8, 100, count="fastest")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(sorted(set(FAMILIES) - {"oversize"})),
+    st.integers(0, 2**32 - 1),
+    st.sampled_from([(1, 1, 1), (2, 2, 1), (2, 4, 1), (1, 2, 2), (3, 1, 1)]),
+)
+def test_fastest_never_simulates_slower_than_the_fewest(family, seed, shape):
+    dp, pp, vpp = shape
+    rng = np.random.default_rng(seed)
+    layout = ParallelLayout(dp=dp, pp=pp, vpp=vpp)
+    n = int(rng.integers(16, 200)) * dp * layout.microbatch_alignment
+    lengths = lengths_of(family, rng, n, 4096).tolist()
+    cost = StepCost(1e-4, 1e-9, float(rng.choice([0.0, 1e-3, 0.05])), p2p_s=1e-3)
+    groups = list(range(n))
+    try:
+        fewest = DynamicBatching(layout, n, 4096).plan(lengths, groups)
+    except SlimeHydraError:
+        return  # no plan exists for this draw (e.g. n samples over cap/2 on too few ranks)
+    schedule = DynamicBatching(layout, n, 4096, count="fastest", step_cost=cost).plan(
+        lengths, groups
+    )
+    assert violations(schedule, layout, groups, False) == []
+    assert schedule.steps[0].num_microbatches >= fewest.steps[0].num_microbatches
+
+    def step_s(s):
+        ranks = [[[lengths[i] for i in mb] for mb in r] for r in s.steps[0].ranks]
+        return simulate_step(ranks, layout, cost).step_s
+
+    assert step_s(schedule) <= step_s(fewest) * (1 + 1e-9)
+
+
+def _write(tmp_path, layout, model="toy", **terms):
+    cost = StepCost(**{"token_s": 1e-6, "square_s": 1e-12, "microbatch_s": 1e-3, **terms})
+    path = tmp_path / "cost.json"
+    path.write_text(calibration_json(cost, {}, model, "cpu", layout, []))
+    return path
+
+
+def test_a_calibration_file_loads_for_its_model_and_layout(tmp_path):
+    path = _write(tmp_path, ParallelLayout(dp=2, pp=2), p2p_s=2e-4)
+    cost = load_step_cost(path, "toy", ParallelLayout(dp=4, pp=2))  # dp may differ
+    assert (cost.token_s, cost.p2p_s, cost.source) == (1e-6, 2e-4, str(path))
+
+
+@pytest.mark.parametrize(
+    ("model", "layout"), [("other", ParallelLayout(pp=2)), ("toy", ParallelLayout(tp=2))]
+)
+def test_a_calibration_for_another_model_or_layout_is_refused(tmp_path, model, layout):
+    path = _write(tmp_path, ParallelLayout(pp=2))
+    with pytest.raises(SlimeHydraError, match="calibrate this one"):
+        load_step_cost(path, model, layout)
+
+
+@pytest.mark.parametrize(
+    "terms",
+    [
+        {"token_s": 1e-6, "square_s": 0.0},  # no microbatch_s
+        {"token_s": 1e-6, "square_s": 0.0, "microbatch_s": 0.0, "launch_s": 1.0},
+        {"token_s": -1.0, "square_s": 0.0, "microbatch_s": 0.0},
+        {"token_s": "fast", "square_s": 0.0, "microbatch_s": 0.0},
+    ],
+)
+def test_bad_terms_are_refused_with_the_fix(tmp_path, terms):
+    path = tmp_path / "cost.json"
+    layout = {"dp": 1, "tp": 1, "pp": 1, "vpp": 1, "cp": 1}
+    path.write_text(json.dumps({"format": 1, "model": "toy", "layout": layout, "terms": terms}))
+    with pytest.raises(SlimeHydraError, match="calibrate"):
+        load_step_cost(path, "toy", ParallelLayout())
