@@ -364,8 +364,15 @@ def even_groups(
     state = _State.of(bin_of, sizes, weights, bins)
     load = state.weight_load
     ceiling = int(load.max())
-    # No group weighs less than the mean or than the heaviest item in it.
-    floor = max(int(load.sum()) / groups, int(weights.max()))
+    # No group weighs less than the mean, than the heaviest item, or than its locked bins and
+    # one of the lightest items in each of its other bins (no bin goes empty).
+    fixed_load = np.where(locked, load, 0).reshape(groups, k)
+    open_bins = (~locked).reshape(groups, k).sum(1)
+    floor = max(
+        int(load.sum()) / groups,
+        int(weights.max()),
+        int((fixed_load.sum(1) + open_bins * int(weights.min())).max()),
+    )
     rotation = 0
     while work.left:
         group_load = load.reshape(groups, k).sum(1)

@@ -243,3 +243,15 @@ def test_the_same_items_pack_the_same_way_twice(family):
     a = BalancedPacker()(s, s, [bins], 16384, Work(100_000))
     b = BalancedPacker()(s.copy(), s.copy(), [bins], 16384, Work(100_000))
     assert (a is None and b is None) or (a[1] == b[1]).all()
+
+
+def test_even_groups_stops_at_once_where_a_locked_sample_sets_the_heaviest_group():
+    # Rank 0 holds an over-cap sample of 100 alone (locked) and a 1; rank 1 holds 5 and 5.
+    # No exchange can take rank 0 below 100 + 1 (its other bin keeps an item), so it is at
+    # its floor: nothing to spend the work on (it used to try every partner first).
+    sizes = np.array([100, 1, 5, 5])
+    bin_of = np.array([0, 1, 2, 3])
+    work = Work(10**6)
+    fixed = np.array([True, False, False, False])
+    even_groups(bin_of, sizes, sizes, 2, 50, 0.0025, work, fixed)
+    assert bin_of.tolist() == [0, 1, 2, 3] and work.spent == 0
