@@ -12,7 +12,7 @@ truncated tail (median ~110 tokens, a few near 4k), where the safe fixed size ne
 micro-batches than dynamic. Three layouts of the 2 ranks:
 - tp=2: every micro-batch pays per-layer tensor-parallel all-reduces, a fixed cost per
   micro-batch as on GPUs (there: also kernel launches and pipeline bubbles). Fewer, fuller
-  micro-batches win here: dynamic is ahead (README: Measured).
+  micro-batches win here: dynamic is ahead (docs/training.md: the throughput tables).
 - dp=2: no per-micro-batch communication. On 2 CPU cores a micro-batch's fixed cost is a few ms
   and compute per token does not fall with size, so fixed batching is level with dynamic or a
   few percent faster; dynamic still keeps every micro-batch under the cap with the fewest.
