@@ -97,9 +97,9 @@ def calibration_grid(layout: ParallelLayout, max_tokens: int) -> list[tuple[int,
     ones and sixteen short ones of the same total (so the L² term separates from the token
     term), at 1, 2 and 4 times the smallest count megatron's schedule takes (the VPP group),
     so the per-micro-batch term separates from both."""
-    if max_tokens < 128:
+    if max_tokens < 256:
         raise SlimeHydraError(
-            f"calibration needs micro-batches of at least 128 tokens to tell its terms apart; "
+            f"calibration needs micro-batches of at least 256 tokens to tell its terms apart; "
             f"--max-tokens={max_tokens} is below that: raise it (at most the token cap, "
             "batching.max_tokens_per_gpu)."
         )
