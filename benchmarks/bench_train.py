@@ -132,7 +132,7 @@ def scenario(
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
             for label in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-                run_dir = Path(tmp) / f"{len(results[label])}-{label.replace(' ', '_')}"
+                run_dir = Path(tmp) / f"{list(runs).index(label)}-{len(results[label])}"
                 results[label].append(train(run_dir, [*common, *runs[label]])[1:])
     model = "calibrated" if cost else "analytic (uncalibrated)"
     print(
@@ -191,7 +191,7 @@ def main() -> None:
                 continue
             path = args.cost
             if args.calibrate:
-                path = calibrate(layout, Path(tmp) / f"{layout.replace(' ', '_')}.json")
+                path = calibrate(layout, Path(tmp) / f"{list(LAYOUTS).index(layout)}.json")
             for name, data in SCENARIOS.items():
                 if args.scenario in (None, name):
                     samples = data["num_prompts"] * SyntheticGRPO().n_samples_per_prompt
