@@ -10,19 +10,28 @@ for plan mode, the trainers' sim/step_s and batching.count=fastest.
 
 The terms are per model replica of the layout, so a file holds for one model and one
 (tp, pp, vpp, cp); dp changes only the all-reduce, which the file measured at its own dp.
+
+Units: token_s seconds per token, square_s seconds per squared sequence length (Σ L² over the
+micro-batch's sequences), microbatch_s seconds per micro-batch, p2p_s seconds per send between
+pipeline stages, allreduce_s and optimizer_s seconds per step; `stderr` holds each one's
+standard error in the same unit. `calibration_grid` is what is timed, `fit_step_cost` how
+the terms come out of the timings.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import parse_json, read_text
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.steptime import StepCost
+from slime_hydra.schedule.steptime import StepCost, simulate_step
 
 FORMAT = 1
 SHAPE = ("tp", "pp", "vpp", "cp")
@@ -76,3 +85,101 @@ def calibration_json(
         "samples": samples,
     }
     return json.dumps(data, indent=1) + "\n"
+
+
+PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "p2p_s")
+"""The terms fitted to the time in megatron's schedule (p2p_s only where pp > 1)."""
+
+
+def calibration_grid(layout: ParallelLayout, max_tokens: int) -> list[tuple[int, list[int]]]:
+    """What calibration times: (micro-batches per DP rank, the sequence lengths of each of
+    them). Micro-batch sizes of max_tokens/8 .. max_tokens, each as one sequence, four equal
+    ones and sixteen short ones of the same total (so the L² term separates from the token
+    term), at 1, 2 and 4 times the smallest count megatron's schedule takes (the VPP group),
+    so the per-micro-batch term separates from both."""
+    if max_tokens < 256:
+        raise SlimeHydraError(
+            f"calibration needs micro-batches of at least 256 tokens to tell its terms apart; "
+            f"--max-tokens={max_tokens} is below that: raise it (at most the token cap, "
+            "batching.max_tokens_per_gpu)."
+        )
+    base = layout.vp_group_size if layout.vpp > 1 else 1
+    grid = []
+    for total in (max_tokens // 8, max_tokens // 4, max_tokens // 2, max_tokens):
+        for parts in (1, 4, 16):
+            for count in (base, 2 * base, 4 * base):
+                grid.append((count, [total // parts] * parts))
+    return grid
+
+
+def sample_ranks(sample: Mapping[str, Any], dp: int) -> list[list[list[int]]]:
+    """The lengths of every micro-batch of every DP rank of a timed step (all ranks alike)."""
+    return [[list(sample["microbatch"])] * int(sample["num_microbatches"])] * dp
+
+
+def fit_step_cost(
+    samples: Sequence[Mapping[str, Any]], layout: ParallelLayout, start: StepCost, source: str
+) -> tuple[StepCost, dict[str, float]]:
+    """The step cost that explains the timed steps, with each term's standard error.
+
+    Each sample is a timed step: `num_microbatches` micro-batches of the sequence `microbatch`
+    lengths on every DP rank, `pipeline_s` seconds in megatron's schedule outside the gradient
+    all-reduce, `allreduce_s` of that all-reduce and `optimizer_s` of the rest of the step.
+    The pipeline terms minimise the relative squared error of the simulated pipeline
+    (schedule/steptime.py, the same simulation the runs' sim/step_s comes from) against
+    `pipeline_s`: Gauss-Newton from `start`, the simulation linear in the terms along a
+    critical path; a term the fit drives below zero is held at zero. The all-reduce and the
+    optimizer step are the medians of their timings (their stderr: the mean's)."""
+    terms = list(PIPELINE_TERMS if layout.pp > 1 else PIPELINE_TERMS[:3])
+    if len(samples) <= len(terms):
+        raise SlimeHydraError(
+            f"fitting {len(terms)} step cost terms takes more than {len(terms)} timed steps, "
+            f"got {len(samples)}; time a larger grid (python -m slime_hydra.calibrate)."
+        )
+    ranks = [sample_ranks(s, layout.dp) for s in samples]
+    measured = np.array([float(s["pipeline_s"]) for s in samples])
+    cost = replace(start, allreduce_s=0.0, optimizer_s=0.0, source=source)
+    for _ in range(50):
+        weighted = pipeline_jacobian(ranks, layout, cost, terms) / measured[:, None]
+        before = np.array([getattr(cost, t) for t in terms])
+        fitted = nonnegative_fit(weighted, np.ones(len(samples)))
+        cost = replace(cost, **dict(zip(terms, fitted.tolist(), strict=True)))
+        if np.allclose(fitted, before, rtol=1e-9, atol=0.0):
+            break
+    residual = 1.0 - weighted @ fitted
+    variance = float(residual @ residual) / (len(samples) - len(terms))
+    covariance = np.linalg.pinv(weighted.T @ weighted) * variance
+    stderr = dict(zip(terms, np.sqrt(np.diag(covariance)).tolist(), strict=True))
+    tail = {}
+    for name in ("allreduce_s", "optimizer_s"):
+        timed = np.array([float(s[name]) for s in samples])
+        tail[name] = float(np.median(timed))
+        stderr[name] = float(timed.std(ddof=1) / np.sqrt(timed.size))
+    return replace(cost, **tail), stderr
+
+
+def pipeline_jacobian(
+    ranks: Sequence[list[list[list[int]]]], layout: ParallelLayout, cost: StepCost, terms: list[str]
+) -> np.ndarray:
+    """d(simulated pipeline seconds)/d(term) of each step, by a forward difference: exact along
+    the critical path at `cost` (the simulation is piecewise linear in the terms)."""
+    base = np.array([simulate_step(r, layout, cost).step_s for r in ranks])
+    columns = []
+    for name in terms:
+        step = max(1e-4 * getattr(cost, name), 1e-12)
+        moved = replace(cost, **{name: getattr(cost, name) + step})
+        after = np.array([simulate_step(r, layout, moved).step_s for r in ranks])
+        columns.append((after - base) / step)
+    return np.stack(columns, axis=1)
+
+
+def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """Least squares `design @ x ≈ target` with x ≥ 0: the most negative coefficient is held
+    at zero and the rest refitted, until none is negative."""
+    free = np.ones(design.shape[1], dtype=bool)
+    while True:
+        x = np.zeros(design.shape[1])
+        x[free] = np.linalg.lstsq(design[:, free], target, rcond=None)[0]
+        if (x >= 0).all():
+            return x
+        free[int(np.argmin(x))] = False

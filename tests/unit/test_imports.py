@@ -34,6 +34,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "config",
         "app sweep",
         "__main__",
+        "calibrate",  # python -m slime_hydra.calibrate: the config composed as __main__ does
     )
 )
 """Bottom to top; a module may import from its own unit and from lower layers only."""

@@ -3,6 +3,7 @@ machinery): `trainer.nproc_per_node` processes on each node of the job (train/ru
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -25,9 +26,13 @@ from slime_hydra.train.settings import CpuTrainer
 log = logging.getLogger(__name__)
 
 
-def launch(trainer: CpuTrainer, job: Job) -> None:
-    """Run `worker.train(trainer, job)` in nproc_per_node workers (through `run_worker`);
-    restart them up to max_restarts."""
+TRAIN = "slime_hydra.train.run.worker:train"
+"""The workers' entry point of a training run."""
+
+
+def launch(trainer: CpuTrainer, job: Job, entry: str = TRAIN) -> None:
+    """Run `entry(trainer, job)` ("module:function", worker.train by default) in
+    nproc_per_node workers (through `run_worker`); restart them up to max_restarts."""
     nodes = job_nodes()
     logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
     config = LaunchConfig(
@@ -58,7 +63,7 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     try:
         log_file = str(job.run.run_dir / LOG_FILE)
         payload = pickle.dumps((trainer, job))
-        elastic_launch(config, run_worker)(payload, log_file, shown_warnings())
+        elastic_launch(config, run_worker)(payload, log_file, shown_warnings(), entry)
     except ChildFailedError as exc:
         first = nodes.rank * num_procs(trainer, job)
         failures = {**recorded_failures(Path(logs), first), **exc.failures}
@@ -71,18 +76,20 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
         shutil.rmtree(logs, ignore_errors=True)
 
 
-def run_worker(payload: bytes, log_file: str, shown: frozenset[str]) -> None:
+def run_worker(payload: bytes, log_file: str, shown: frozenset[str], entry: str) -> None:
     """What each spawned worker runs: its rank's output first (train/run/rank_output.py; `shown`:
-    the warnings the job process showed), then the trainer and job unpickled and trained.
-    Unpickling the job imports megatron (the iterator), so they come pickled: megatron's
-    import-time warnings then meet this rank's filters. A rank the launcher stopped exits 1
-    without a traceback: its error file holds the stop (train() records it)."""
+    the warnings the job process showed), then the trainer and job unpickled and handed to
+    `entry` ("module:function"). Unpickling the job imports megatron (the iterator), so they
+    come pickled, and the entry is imported here: megatron's import-time warnings then meet
+    this rank's filters. A rank the launcher stopped exits 1 without a traceback: its error
+    file holds the stop (the entry records it)."""
     setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
     trainer, job = pickle.loads(payload)
-    from slime_hydra.train.run.worker import Stopped, train  # megatron too: after the filters
+    from slime_hydra.train.run.worker import Stopped  # megatron too: after the filters
 
+    module, function = entry.split(":")
     try:
-        train(trainer, job)
+        getattr(importlib.import_module(module), function)(trainer, job)
     except Stopped:
         raise SystemExit(1) from None
 

@@ -21,6 +21,7 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.schedule import step_number
+from slime_hydra.schedule.steptime import simulate_step
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
 from slime_hydra.train.run.torchrun import TorchrunEnv
@@ -94,6 +95,7 @@ def run_steps(
         elif step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
         tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
+        predicted = predicted_step(job, index)
         sink.log(
             {
                 "step": step,
@@ -101,6 +103,8 @@ def run_steps(
                 "train/skipped_steps": counters["skipped_steps"],
                 "perf/step_s": step_s,
                 "perf/tokens_per_s": tokens / step_s,
+                **predicted,
+                "perf/sim_ratio": step_s / predicted["sim/step_s"],
                 **job.batch_metrics(index),
             }
         )
@@ -117,6 +121,18 @@ def run_steps(
         )
         if step == num_steps or (trainer.save_interval and step % trainer.save_interval == 0):
             save(engine, job, env, step, digest, counters, trainer.export_hf)
+
+
+def predicted_step(job: Job, index: int) -> dict[str, float]:
+    """The cost model's prediction of the schedule's step `index` (schedule/steptime.py under
+    job.cost, trainer.cost's calibration or the analytic model): sim/step_s beside the measured
+    perf/step_s, and sim/bubble_frac."""
+    lengths = job.schedule.lengths
+    step = job.schedule.steps[index]
+    timing = simulate_step(
+        [[[lengths[i] for i in mb] for mb in rank] for rank in step.ranks], job.layout, job.cost
+    )
+    return {"sim/step_s": timing.step_s, "sim/bubble_frac": timing.bubble_frac}
 
 
 def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) -> bool:

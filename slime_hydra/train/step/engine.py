@@ -16,6 +16,7 @@ micro-batch grouping and any layout.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -68,6 +69,13 @@ class StepResult:
     max_memory_reserved_gib: float | None = None
     """Peak CUDA memory the caching allocator held during the step (allocated, cached and
     fragmented), the largest over all ranks (GPU only)."""
+    schedule_s: float = 0.0
+    """Seconds in megatron's schedule on this rank, until its loss sums were on the host:
+    forward, backward, p2p and finalize_model_grads (python -m slime_hydra.calibrate splits
+    the step time with it)."""
+    grad_reduce_s: float = 0.0
+    """Seconds of this rank's finalize_model_grads in that schedule: the DP (and embedding)
+    gradient all-reduce."""
 
     def metrics(self) -> dict[str, float]:
         """DESIGN.md's train/* metrics, the PPO diagnostics, train/loss_scale under fp16, and
@@ -192,7 +200,8 @@ class MegatronEngine:
             for i, chunk in enumerate(chunks)
         ]
         config = self.chunks[0].config
-        config.finalize_model_grads_func = finalize_model_grads
+        config.finalize_model_grads_func = self.finalize_grads
+        self.grad_reduce_s = 0.0
         no_sync = [c.no_sync for c in self.chunks]
         config.no_sync_func = no_sync if len(no_sync) > 1 else no_sync[0]
         self.model = torch.nn.ModuleList(self.chunks)
@@ -203,6 +212,18 @@ class MegatronEngine:
         if device == "cuda":
             config.grad_scale_func = self.optimizer.scale_loss
         self.step_fn = partial(forward_step, loss, device)
+
+    def finalize_grads(self, *args: Any, **kwargs: Any) -> None:
+        """megatron's finalize_model_grads (the gradient all-reduces), timed into
+        grad_reduce_s; on CUDA between synchronisations, so that it counts the reduction and
+        not the backward kernels still queued before it."""
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        tic = time.perf_counter()
+        finalize_model_grads(*args, **kwargs)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        self.grad_reduce_s = time.perf_counter() - tic
 
     def forward_backward(self, microbatches: MicrobatchIterator) -> torch.Tensor:
         """Run megatron's schedule over the rank's micro-batches; leave the reduced, token-mean
@@ -260,7 +281,9 @@ class MegatronEngine:
         """One optimizer step over this rank's micro-batches of the step."""
         if self.device == "cuda":
             torch.cuda.reset_peak_memory_stats()
+        tic = time.perf_counter()
         loss, clipfrac, approx_kl, tokens = self.forward_backward(microbatches).tolist()
+        schedule_s = time.perf_counter() - tic
         # The scheduler sets lr and weight decay × wd_mult in every group (again after a
         # checkpoint load restored the saved ones).
         self.scheduler.step(1)
@@ -279,4 +302,6 @@ class MegatronEngine:
             loss_scale=scale,
             max_memory_gib=allocated,
             max_memory_reserved_gib=reserved,
+            schedule_s=schedule_s,
+            grad_reduce_s=self.grad_reduce_s,
         )

@@ -1,0 +1,146 @@
+"""calibration.py's fit and grid, and the calibrate command's pure parts: synthetic timings made
+by the simulator from known terms come back as those terms, with standard errors that cover
+them; the grid separates the terms; the timed steps and their order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from slime_hydra.calibrate import calibrate, grid_job, grid_order, timed_samples
+from slime_hydra.calibration import (
+    calibration_grid,
+    calibration_json,
+    fit_step_cost,
+    load_step_cost,
+    sample_ranks,
+)
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.schedule import ParallelLayout, violations
+from slime_hydra.schedule.steptime import StepCost, simulate_step
+
+DP2 = ParallelLayout(dp=2)
+PP2_VPP2 = ParallelLayout(pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
+TRUE = StepCost(2e-5, 3e-9, 4e-3, p2p_s=1e-3, allreduce_s=0.01, optimizer_s=0.02)
+START = StepCost(1e-6, 1e-10, 1e-4)  # far from TRUE, as the analytic model is on CPU
+PIPELINE = ("token_s", "square_s", "microbatch_s", "p2p_s")
+
+
+def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 0) -> list[dict]:
+    """The grid timed by the simulator under `cost`, pipeline seconds with relative noise."""
+    rng = np.random.default_rng(seed)
+    pipe = StepCost(cost.token_s, cost.square_s, cost.microbatch_s, p2p_s=cost.p2p_s)
+    samples = []
+    for count, mb in calibration_grid(layout, 2048):
+        sample = {"num_microbatches": count, "microbatch": mb}
+        seconds = simulate_step(sample_ranks(sample, layout.dp), layout, pipe).step_s
+        samples.append(
+            {
+                **sample,
+                "pipeline_s": seconds * (1 + noise * rng.standard_normal()),
+                "allreduce_s": cost.allreduce_s * (1 + noise * rng.standard_normal()),
+                "optimizer_s": cost.optimizer_s * (1 + noise * rng.standard_normal()),
+            }
+        )
+    return samples
+
+
+@pytest.mark.parametrize("layout", [DP2, PP2_VPP2], ids=["dp2", "pp2_vpp2"])
+def test_exact_timings_give_back_the_terms(layout: ParallelLayout) -> None:
+    true = TRUE if layout.pp > 1 else StepCost(**{**TRUE.__dict__, "p2p_s": 0.0})
+    cost, stderr = fit_step_cost(synthetic(layout, true, noise=0.0), layout, START, "f.json")
+    terms = PIPELINE if layout.pp > 1 else PIPELINE[:3]
+    for name in (*terms, "allreduce_s", "optimizer_s"):
+        assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-6), name
+        assert stderr[name] < 1e-6 * getattr(true, name), name
+    assert cost.source == "f.json"
+    assert ("p2p_s" in stderr) == (layout.pp > 1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_standard_errors_cover_the_terms_under_noise(seed: int) -> None:
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.02, seed=seed)
+    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f.json")
+    for name in PIPELINE:
+        assert abs(getattr(cost, name) - getattr(TRUE, name)) < 4 * stderr[name], name
+        assert stderr[name] < 0.5 * getattr(TRUE, name), name  # the grid tells them apart
+
+
+def test_a_term_the_data_does_not_need_is_held_at_zero() -> None:
+    # No L² cost at all: noise alone would give square_s either sign; it is never negative.
+    true = StepCost(2e-5, 0.0, 4e-3)
+    for seed in range(6):
+        cost, _ = fit_step_cost(synthetic(DP2, true, noise=0.05, seed=seed), DP2, START, "f")
+        assert cost.square_s >= 0
+        assert cost.token_s == pytest.approx(true.token_s, rel=0.2)
+
+
+def test_too_few_timed_steps_are_refused() -> None:
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:4]
+    with pytest.raises(SlimeHydraError, match="more than 4 timed steps, got 4"):
+        fit_step_cost(samples, PP2_VPP2, START, "f")
+
+
+def test_the_grid_separates_the_terms() -> None:
+    grid = calibration_grid(PP2_VPP2, 2048)
+    # Each size as one, four and sixteen sequences of the same total: ΣL alike, ΣL² not.
+    totals = {sum(mb) for _, mb in grid}
+    assert totals == {256, 512, 1024, 2048}
+    for total in totals:
+        squares = {sum(x * x for x in mb) for _, mb in grid if sum(mb) == total}
+        assert len(squares) == 3
+    # Counts are whole VPP groups (megatron's interleaved schedule needs them): 2, 4, 8.
+    assert {count for count, _ in grid} == {2, 4, 8}
+    assert {count for count, _ in calibration_grid(DP2, 2048)} == {1, 2, 4}
+    with pytest.raises(SlimeHydraError, match="--max-tokens=200 is below"):
+        calibration_grid(DP2, 200)
+
+
+def test_steps_run_once_as_warm_up_then_in_alternating_passes() -> None:
+    assert grid_order(3, 3) == [0, 1, 2, 0, 1, 2, 2, 1, 0, 0, 1, 2]
+    grid = [(1, [256]), (2, [64] * 4)]
+    order = grid_order(2, 2)
+    # [step_s, schedule_s, grad_reduce_s]; the warm-up's (the first two) are left out.
+    timings = [[9.0, 9.0, 0.0], [9.0, 9.0, 0.0], [1.0, 0.7, 0.1], [2.0, 1.5, 0.2]]
+    timings += [[2.2, 1.7, 0.2], [1.2, 0.9, 0.1]]
+    first, second = timed_samples(grid, order, timings)
+    assert first["pipeline_s"] == pytest.approx(0.7)  # median of 0.6 and 0.8
+    assert first["pipeline_spread_s"] == pytest.approx([0.6, 0.8])
+    assert first["optimizer_s"] == pytest.approx(0.3)
+    assert second["step_s"] == pytest.approx(2.1)
+    assert second["repeats"] == 2
+
+
+def test_the_written_file_loads_as_the_fitted_cost(tmp_path) -> None:
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)
+    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f")
+    path = tmp_path / "cal.json"
+    path.write_text(calibration_json(cost, stderr, "tiny", "cpu", PP2_VPP2, samples))
+    loaded = load_step_cost(path, "tiny", PP2_VPP2)
+    assert [getattr(loaded, k) for k in (*PIPELINE, "allreduce_s", "optimizer_s")] == [
+        getattr(cost, k) for k in (*PIPELINE, "allreduce_s", "optimizer_s")
+    ]
+
+
+def test_the_grid_job_gives_every_rank_the_grid_and_each_sample_once(compose_cfg, tmp_path):
+    cfg = compose_cfg("parallel.dp=2", "logger=jsonl")
+    grid = calibration_grid(DP2, 256)
+    order = grid_order(len(grid), 2)
+    job = grid_job(cfg, tmp_path, grid, order)
+    lengths = job.schedule.lengths
+    assert len(job.schedule.steps) == len(order)
+    for step, entry in zip(job.schedule.steps, order, strict=True):
+        count, mb = grid[entry]
+        assert [[[lengths[i] for i in m] for m in rank] for rank in step.ranks] == [
+            [mb] * count
+        ] * 2
+    assert sorted(i for s in job.schedule.steps for i in s.samples) == list(range(len(lengths)))
+    assert list(job.rollout.total_lengths) == list(lengths)
+    assert not violations(job.schedule, job.layout, job.rollout.group_ids)
+
+
+def test_calibrate_refuses_plan_mode_and_a_single_pass(compose_cfg, tmp_path) -> None:
+    with pytest.raises(SlimeHydraError, match="pass trainer=cpu or trainer=gpu"):
+        calibrate(compose_cfg("trainer=plan"), tmp_path / "c.json", 3, 256)
+    with pytest.raises(SlimeHydraError, match=r"--repeats=1: .* pass --repeats 3"):
+        calibrate(compose_cfg(), tmp_path / "c.json", 1, 256)
