@@ -128,13 +128,52 @@ def test_a_crafted_checkpoint_is_refused_and_runs_nothing(run_dir):
     assert_untouched(before, run_dir)
 
 
-def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
+def test_a_checkpoint_with_edited_tensors_is_refused_before_launch(run_dir):
     path = run_dir / "checkpoints/step_000002/rank_000.pt"
     state = torch.load(path, weights_only=True)
     state["model"] = {
         k: v[..., :1].clone() if isinstance(v, torch.Tensor) and v.dim() else v
         for k, v in state["model"].items()
     }
+    torch.save(state, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(
+        out,
+        "rank_000.pt: model/0.decoder.final_layernorm.weight has shape [1], but it was "
+        "saved with shape [128]: the file was edited after it was saved",
+    )
+    assert "Launching" not in text  # refused before any worker started
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_before_launch(run_dir):
+    """Its tensors and their shape record edited alike: this run's model shapes refuse it."""
+    path = run_dir / "checkpoints/step_000002/rank_001.pt"
+    state = torch.load(path, weights_only=True)
+    key = "0.decoder.layers.1.mlp.linear_fc2.weight"
+    state["model"][key] = state["model"][key][:, :256].clone()
+    state["shapes"][f"model/{key}"] = [128, 256]
+    torch.save(state, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(
+        out,
+        f"rank_001.pt: this run's model gives rank 1 the weight {key} with shape [128, 512] "
+        "(model.hidden_size=128, model.ffn_hidden_size=512, parallel.tp=1), and the file holds "
+        "shape [128, 256]",
+    )
+    assert "Launching" not in text
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
+    """Adam moments of another shape, with their shape record: only the worker's load sees
+    that they do not fit the parameters."""
+    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
+    state["shapes"]["optimizer/state/0/exp_avg"] = [3]
     torch.save(state, path)
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
     text = refused(out, "training failed on rank 0", "does not fit this rank's model")

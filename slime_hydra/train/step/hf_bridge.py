@@ -31,7 +31,7 @@ from megatron.core import parallel_state
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checkpoint import HfCheckpoint
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.step.model import padded_vocab_size
+from slime_hydra.train.step.shapes import padded_vocab_size
 
 log = logging.getLogger(__name__)
 
