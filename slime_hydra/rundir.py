@@ -161,23 +161,89 @@ def make_run_dir(path: Path, key: str) -> None:
         ) from None
 
 
+def sweep_job_subdirs(config: DictConfig) -> list[tuple[list[str], str]] | None:
+    """(overrides, hydra.sweep.subdir) of each job of a basic sweep, named as Hydra's launchers
+    name them (its job number and override_dirname); None for another sweeper, which picks its
+    jobs as it runs, or for sweep overrides or a subdir Hydra itself will report."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create()
+    naming = config.hydra.job.config.override_dirname
+    cfg = config.copy()
+    out = []
+    try:
+        overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
+        (jobs,) = BasicSweeper.split_arguments(overrides, None)
+        for num, job in enumerate(jobs):
+            dirname = get_overrides_dirname(
+                parser.parse_overrides(job),
+                list(naming.exclude_keys),
+                naming.item_sep,
+                naming.kv_sep,
+            )
+            with read_write(cfg.hydra), open_dict(cfg.hydra):
+                cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
+                cfg.hydra.job.override_dirname = dirname
+            out.append((job, str(cfg.hydra.sweep.subdir)))
+    except (HydraException, OmegaConfBaseException):
+        return None
+    return out
+
+
+def check_job_dirs(config: DictConfig) -> None:
+    """Every job dir of a basic sweep has names and a path the file system allows: swept values
+    are part of each job's dir name (hydra.sweep.subdir), and Hydra would fail creating it with
+    a traceback, after the jobs before it ran."""
+    jobs = sweep_job_subdirs(config)
+    sweep_dir = Path(config.hydra.sweep.dir).absolute()
+    name_max = os.pathconf(sweep_dir, "PC_NAME_MAX")
+    path_max = os.pathconf(sweep_dir, "PC_PATH_MAX")
+    raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
+    for num, (job, subdir) in enumerate(jobs or ()):
+        path = sweep_dir / subdir
+        longest = max(len(os.fsencode(part)) for part in Path(subdir).parts)
+        if longest <= name_max and len(os.fsencode(path)) < path_max:
+            continue
+        limit = (
+            f"a name of {longest} bytes where the file system allows {name_max}"
+            if longest > name_max
+            else f"a path of {len(os.fsencode(path))} bytes where it allows {path_max - 1}"
+        )
+        shown = str(path) if len(str(path)) <= 160 else f"{str(path)[:160]}…"
+        raise SlimeHydraError(
+            f"job {num} of this sweep would run in {shown}, {limit}: "
+            f"hydra.sweep.subdir={raw} names each job's dir after its overrides "
+            f"({' '.join(job)[:60]}…). No job was run. Name the job dirs by number with "
+            "hydra.sweep.subdir='${hydra.job.num}', or sweep shorter values."
+        )
+
+
 class RunDirPath(Callback):
     """Creates the run dir (or a sweep's dir) before Hydra does, so that a path that cannot be
     one is one paragraph and exit 1 instead of Hydra's traceback (registered in
-    conf/config.yaml under hydra.callbacks)."""
+    conf/config.yaml under hydra.callbacks); a sweep's job dirs are checked too."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.run.dir or stop with our message."""
-        self._make(Path(config.hydra.run.dir), "hydra.run.dir")
+        self._refuse(make_run_dir, Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Create hydra.sweep.dir or stop with our message."""
-        self._make(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
+        self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(check_job_dirs, config)
 
     @staticmethod
-    def _make(path: Path, key: str) -> None:
+    def _refuse(check: Any, *args: Any) -> None:
         try:
-            make_run_dir(path, key)
+            check(*args)
         except SlimeHydraError as exc:
             print(exc, file=sys.stderr, flush=True)
             sys.exit(1)
