@@ -4,8 +4,10 @@ nested past reason or a number in other digits refused as one paragraph instead 
 
 Writing: `write_files` stages every file of a set under a fresh temporary name (created with
 O_EXCL | O_NOFOLLOW, so a planted `.x.tmp` symlink is never written through), then renames them
-into place; a failure removes every temporary file. `check_inside` refuses a path whose dirs
-below the run dir are symlinks (a rename into a symlinked dir would land outside the run dir).
+into place; a failure removes every temporary file. `write_dir` does the same for a whole dir
+(an HF export): filled in a fresh dir beside it, then renamed into place. `check_inside` refuses
+a path whose dirs below the run dir are symlinks (a rename into a symlinked dir would land
+outside the run dir).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -138,6 +141,49 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
 def write_file(path: Path, content: Content, root: Path) -> None:
     """`write_files` of one file."""
     write_files({Path(path): content}, root)
+
+
+def write_dir(path: Path, fill: Callable[[Path], None], root: Path) -> None:
+    """Create the dir `path` (below `root`) whole or not at all: `fill` writes its files into a
+    fresh private dir beside it (made by mkdir, so never a planted link), whose files are then
+    fsync'd and which replaces `path` by rename, an old `path` removed after. On a failure the
+    fresh dir is removed and `path` stays as it was; a full disk is our error naming `path`."""
+    path = Path(path)
+    check_inside(path, root)
+    stage = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    old = stage.with_suffix(".old")
+    stage.mkdir(mode=0o700)
+    try:
+        fill(stage)
+        for file in stage.rglob("*"):
+            if file.is_file() and not file.is_symlink():
+                _fsync(file)
+        check_inside(path, root)
+        replaced = os.path.lexists(path)
+        if replaced:
+            os.rename(path, old)
+        try:
+            os.rename(stage, path)
+        except BaseException:
+            if replaced:
+                os.rename(old, path)
+            raise
+    except BaseException as exc:
+        if _is_enospc(exc):
+            raise disk_full(path, None) from None
+        raise
+    finally:
+        for leftover in (stage, old):
+            if os.path.lexists(leftover):
+                shutil.rmtree(leftover)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def open_append(path: Path, root: Path) -> IO[str]:
