@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import make_dirs, write_file
 from slime_hydra.report.plots import plot_run, plot_sweep
 from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
 
@@ -41,17 +42,19 @@ def report(path: Path, out: Path | None = None) -> Report:
     `path`/report)."""
     out = out if out is not None else path / "report"
     if is_run_dir(path):
-        out.mkdir(parents=True, exist_ok=True)
-        return Report([plot_run(RunDir.read(path), out / f"{path.name}.png")])
+        run = RunDir.read(path)
+        make_dirs(out, out.parent)
+        return Report([plot_run(run, out / f"{path.name}.png")])
     jobs, failed = sweep_jobs(path), failed_jobs(path)
     if not jobs and not failed:
         raise SystemExit(f"{path}: neither a run dir (metrics.jsonl) nor a sweep dir of runs")
-    out.mkdir(parents=True, exist_ok=True)
     runs = [RunDir.read(job) for job in jobs]
+    make_dirs(out, out.parent)
     written = [plot_sweep(runs, out / "sweep.png", path.name, failed)] if runs else []
     written += [plot_run(run, out / f"{run.name}.png") for run in runs]
     if failed:
-        (out / FAILED_FILE).write_text(failed_text(path, failed, len(jobs) + len(failed)))
+        text = failed_text(path, failed, len(jobs) + len(failed))
+        write_file(out / FAILED_FILE, text, out)
         written.append(out / FAILED_FILE)
     return Report(written, failed, len(jobs) + len(failed))
 
@@ -74,6 +77,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             done = report(path, out)
         except SlimeHydraError as exc:
             raise SystemExit(str(exc)) from None
+        except OSError as exc:
+            raise SystemExit(
+                f"the report of {path} cannot be written to {exc.filename or out}: "
+                f"{exc.strerror or exc}. Pass --out DIR to write it elsewhere."
+            ) from None
         for written in done.written:
             print(written)
         if done.failed:

@@ -12,7 +12,8 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import parse_json, read_text
 from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import Metrics
-from slime_hydra.log.summary import run_summary
+from slime_hydra.log.summary import SUMMARY, run_summary
+from slime_hydra.report.panels import plotted_keys
 from slime_hydra.rundir import ERROR_FILE, LOCK_FILE, SWEEP_JOBS
 from slime_hydra.schedule import Schedule
 
@@ -62,9 +63,23 @@ class RunDir:
 
     @classmethod
     def read(cls, path: Path) -> RunDir:
-        """Read metrics.jsonl and schedule.json of `path`."""
-        rows = rows_done(path / "metrics.jsonl", steps_done=2**63 - 1)
-        return cls(path, [json.loads(line) for line in rows], read_schedule(path))
+        """Read metrics.jsonl and schedule.json of `path`; every metric the report reads must
+        be a number or null."""
+        file = path / "metrics.jsonl"
+        rows = [json.loads(line) for line in rows_done(file, steps_done=2**63 - 1)]
+        keys = plotted_keys() | {key for key, _, _ in SUMMARY}
+        for row in rows:
+            for key in sorted(keys & row.keys()):
+                value = row[key]
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int | float)
+                ):
+                    raise SlimeHydraError(
+                        f"{file}: step {row['step']} logs {key}={value!r}, not a number, and the "
+                        "report plots numbers only. Set that value to a number or null, or "
+                        "remove the line."
+                    )
+        return cls(path, rows, read_schedule(path))
 
 
 @dataclass(frozen=True)
