@@ -364,6 +364,32 @@ def test_the_failure_is_reported_from_the_rank_where_it_happened(tmp_path):
     assert "rank 1: RuntimeError: [gloo] Connection closed by peer" in report
 
 
+GLOO_LOST = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:55976. This is typically caused by a remote worker "
+    "crashing."
+)
+
+
+def test_a_peers_long_message_is_quoted_whole_sentences_without_source_places(tmp_path):
+    failures = {
+        0: failure(tmp_path, 0, "SlimeHydraError: rank_000.pt does not fit", ts=1),
+        1: failure(tmp_path, 1, GLOO_LOST, ts=2),
+        2: failure(tmp_path, 2, "RuntimeError: " + "word " * 60, ts=3),
+        3: failure(tmp_path, 3, "RuntimeError: First. " + "Second sentence is long. " * 9, ts=4),
+    }
+    report = failure_report(failures)
+    assert report.endswith(
+        "Then: rank 1: RuntimeError: Connection closed by peer [127.0.0.1]:55976. This is "
+        "typically caused by a remote worker crashing; rank 2: RuntimeError: "
+        + "word " * 28
+        + "word …; rank 3: RuntimeError: First. "
+        + "Second sentence is long. " * 4
+        + "Second sentence is long."
+    ), report
+    assert "pair.cc" not in report and "caused by a ." not in report
+
+
 def test_a_killed_rank_is_the_cause_when_the_others_only_lost_it(tmp_path):
     failures = {
         0: failure(tmp_path, 0, "RuntimeError: Connection closed by peer", ts=1),
