@@ -226,17 +226,46 @@ def check_job_dirs(config: DictConfig) -> None:
         )
 
 
+def check_hydra_files(config: DictConfig, run_dir: Path) -> None:
+    """Hydra writes only the job's log into the run dir, at a plain name: the app writes .hydra/
+    itself once the run is accepted (hydra.output_subdir is null), and hydra.job.name names the
+    log file <run dir>/<name>.log, so a name with "/" or ".." would put it elsewhere."""
+    subdir = config.hydra.output_subdir
+    if subdir is not None:
+        raise SlimeHydraError(
+            f"hydra.output_subdir={subdir!r}: Hydra would write its config snapshot there "
+            "before the run is checked, so a refused run would change the run dir (or a dir "
+            "outside it). slime_hydra writes the snapshot itself, as <run dir>/.hydra/, once "
+            "the run is accepted: drop the override (conf/config.yaml sets it to null)."
+        )
+    name = str(config.hydra.job.name)
+    existing = Path(run_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    too_long = len(os.fsencode(f"{name}.log")) > os.pathconf(existing, "PC_NAME_MAX")
+    if name in ("", ".", "..") or "/" in name or too_long:
+        raise SlimeHydraError(
+            f"hydra.job.name={name[:80]!r} names the job's log file (<run dir>/<name>.log) and "
+            "must be a plain file name the file system allows, without '/' and not '..': this "
+            "one would put the log outside the run dir or nowhere. Drop the override (the "
+            "default is slime_hydra) or pass a short plain name."
+        )
+
+
 class RunDirPath(Callback):
     """Creates the run dir (or a sweep's dir) before Hydra does, so that a path that cannot be
     one is one paragraph and exit 1 instead of Hydra's traceback (registered in
-    conf/config.yaml under hydra.callbacks); a sweep's job dirs are checked too."""
+    conf/config.yaml under hydra.callbacks); a sweep's job dirs and the files Hydra itself
+    would write (check_hydra_files) are checked too."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.run.dir or stop with our message."""
+        self._refuse(check_hydra_files, config, Path(config.hydra.run.dir))
         self._refuse(make_run_dir, Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
+        self._refuse(check_hydra_files, config, Path(config.hydra.sweep.dir))
         self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         self._refuse(check_job_dirs, config)
 

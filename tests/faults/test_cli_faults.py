@@ -257,3 +257,28 @@ def test_a_run_that_fails_before_its_first_step_leaves_the_dir_to_a_fixed_rerun(
     again = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.max_steps=1")
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert steps(tmp_path) == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("../escape", "'../escape'"), ("logs/job", "'logs/job'"), ("n" * 300, "'nnnnn")],
+    ids=["parent", "subdir", "too_long"],
+)
+def test_a_job_name_that_is_no_plain_file_name_is_refused_before_any_log(tmp_path, name, shown):
+    """hydra.job.name names <run dir>/<name>.log: '../escape' wrote tmp_path/escape.log,
+    outside the run dir, and 'logs/job' was logging's traceback."""
+    run_dir = tmp_path / "run"
+    out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}", f"hydra.job.name={name}")
+    refused(out, f"hydra.job.name={shown}", "must be a plain file name", "Drop the override")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the run dir nor a log
+
+
+def test_hydra_writing_its_snapshot_itself_is_refused_and_changes_nothing(tmp_path):
+    """hydra.output_subdir=.hydra: Hydra rewrote .hydra/ before the dir refused the run."""
+    assert cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}").returncode == 0
+    before = snapshot(tmp_path)
+    out = cli(
+        "trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}", "hydra.output_subdir=.hydra"
+    )
+    refused(out, "hydra.output_subdir='.hydra': Hydra would write its config snapshot there")
+    assert_untouched(before, tmp_path)
