@@ -199,31 +199,45 @@ def sweep_job_subdirs(config: DictConfig) -> list[tuple[list[str], str]] | None:
 
 
 def check_job_dirs(config: DictConfig) -> None:
-    """Every job dir of a basic sweep has names and a path the file system allows: swept values
-    are part of each job's dir name (hydra.sweep.subdir), and Hydra would fail creating it with
-    a traceback, after the jobs before it ran."""
+    """Every job of a basic sweep gets a dir of its own below the sweep dir, with names and a
+    path the file system allows. hydra.sweep.subdir names them: a long swept value would make
+    Hydra fail creating one with a traceback after the jobs before it ran, two jobs in one dir
+    would refuse every job after the first, and '..' would put a job outside the sweep dir."""
     jobs = sweep_job_subdirs(config)
     sweep_dir = Path(config.hydra.sweep.dir).absolute()
     name_max = os.pathconf(sweep_dir, "PC_NAME_MAX")
     path_max = os.pathconf(sweep_dir, "PC_PATH_MAX")
     raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
+    fix = "No job was run. Name the job dirs by number with hydra.sweep.subdir='${hydra.job.num}'"
+    taken: dict[str, int] = {}
     for num, (job, subdir) in enumerate(jobs or ()):
         path = sweep_dir / subdir
-        longest = max(len(os.fsencode(part)) for part in Path(subdir).parts)
-        if longest <= name_max and len(os.fsencode(path)) < path_max:
-            continue
-        limit = (
-            f"a name of {longest} bytes where the file system allows {name_max}"
-            if longest > name_max
-            else f"a path of {len(os.fsencode(path))} bytes where it allows {path_max - 1}"
-        )
+        longest = max((len(os.fsencode(part)) for part in Path(subdir).parts), default=0)
         shown = str(path) if len(str(path)) <= 160 else f"{str(path)[:160]}…"
-        raise SlimeHydraError(
-            f"job {num} of this sweep would run in {shown}, {limit}: "
-            f"hydra.sweep.subdir={raw} names each job's dir after its overrides "
-            f"({' '.join(job)[:60]}…). No job was run. Name the job dirs by number with "
-            "hydra.sweep.subdir='${hydra.job.num}', or sweep shorter values."
-        )
+        if longest > name_max or len(os.fsencode(path)) >= path_max:
+            limit = (
+                f"a name of {longest} bytes where the file system allows {name_max}"
+                if longest > name_max
+                else f"a path of {len(os.fsencode(path))} bytes where it allows {path_max - 1}"
+            )
+            raise SlimeHydraError(
+                f"job {num} of this sweep would run in {shown}, {limit}: "
+                f"hydra.sweep.subdir={raw} names each job's dir after its overrides "
+                f"({' '.join(job)[:60]}…). {fix}, or sweep shorter values."
+            )
+        where = os.path.normpath(path)
+        if Path(where) != sweep_dir and sweep_dir not in Path(where).parents:
+            raise SlimeHydraError(
+                f"job {num} of this sweep would run in {where}, outside hydra.sweep.dir="
+                f"{sweep_dir}: hydra.sweep.subdir={raw} must name a dir below it. {fix}."
+            )
+        if where in taken:
+            raise SlimeHydraError(
+                f"jobs {taken[where]} and {num} of this sweep would both run in {where}: "
+                f"hydra.sweep.subdir={raw} gives them one dir, and a dir holds one run, so "
+                f"every job after the first would be refused. {fix} (or put it in the subdir)."
+            )
+        taken[where] = num
 
 
 def check_hydra_files(config: DictConfig, run_dir: Path) -> None:

@@ -122,24 +122,31 @@ def job_ran(path: Path) -> bool:
     return is_run_dir(path) and not (path / ERROR_FILE).is_file()
 
 
-def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> dict[str, bool]:
-    """Job dir (relative to the sweep dir) → whether it succeeded, from the sweep dir's
-    sweep_jobs.jsonl past `offset`, in order of start; a job that started and never ended (its
-    process was killed) failed. A torn or undecodable line (a job killed mid-write) is skipped."""
+def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> list[tuple[str, bool]]:
+    """(job dir relative to the sweep dir, whether it succeeded) of each job that started, from
+    the sweep dir's sweep_jobs.jsonl past `offset`, in order of start; an outcome ends the
+    earliest unended start in its dir (jobs may share one), and a job that started and never
+    ended (its process was killed) failed. A torn or undecodable line (a job killed mid-write)
+    is skipped."""
     path = sweep_dir / SWEEP_JOBS
     if not path.is_file():
-        return {}
+        return []
     with path.open("rb") as f:
         f.seek(offset)
         lines = f.read().splitlines()
-    outcomes: dict[str, bool] = {}
+    outcomes: list[tuple[str, bool]] = []
+    unended: dict[str, list[int]] = {}  # job dir → its starts without an outcome yet
     for line in lines:
         try:
             entry = json.loads(line)
             job = entry["job"]
         except (ValueError, KeyError, TypeError):
             continue
-        outcomes[job] = entry.get("failed") is False
+        if "failed" not in entry:
+            unended.setdefault(job, []).append(len(outcomes))
+            outcomes.append((job, False))
+        elif unended.get(job):
+            outcomes[unended[job].pop(0)] = (job, entry["failed"] is False)
     return outcomes
 
 

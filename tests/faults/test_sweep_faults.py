@@ -77,6 +77,30 @@ def test_a_job_path_too_long_for_the_file_system_is_refused(tmp_path):
     assert "job 0 of this sweep would run in " in text and "where it allows 4095" in text
 
 
+@pytest.mark.parametrize(
+    ("subdir", "needle"),
+    [
+        ("same", "jobs 0 and 1 of this sweep would both run in {sweep}/same: "),
+        (".", "jobs 0 and 1 of this sweep would both run in {sweep}: "),
+        ("../escape", "job 0 of this sweep would run in {tmp}/escape, outside hydra.sweep.dir"),
+    ],
+    ids=["shared", "the_sweep_dir", "outside"],
+)
+def test_job_dirs_that_are_not_one_per_job_below_the_sweep_dir_are_refused(
+    tmp_path, subdir, needle
+):
+    """A fixed subdir gave 'sweep: 1 jobs, 1 failed' for three jobs, each after the first
+    refused in the first's dir; '..' ran the jobs outside the sweep dir."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep("seed=1,2,3", f"hydra.sweep.subdir={subdir}", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert needle.format(sweep=sweep, tmp=tmp_path) in text, text[-4000:]
+    assert "hydra.sweep.subdir='${hydra.job.num}'" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    assert list(sweep.iterdir()) == []
+
+
 def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     """A plan-mode sweep; a Path is the sweep dir."""
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
