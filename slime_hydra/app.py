@@ -184,9 +184,19 @@ def _stopped_line(signum: int, run_dir: Path, attempt: Attempt) -> str:
     name = signal.Signals(signum).name
     if not attempt.wrote:
         return f"stopped by {name} before training started: nothing was written to {run_dir}."
+    if (run_dir / "checkpoints" / "latest").is_file():
+        return (
+            f"stopped by {name}: the run in {run_dir} keeps its last checkpoint; continue it "
+            f"with trainer.resume=true hydra.run.dir={run_dir} (trainer=cpu|gpu)."
+        )
+    try:
+        steps = f"{len(rows_done(run_dir / 'metrics.jsonl', steps_done=2**63 - 1))} step(s)"
+    except SlimeHydraError:
+        steps = "steps"
     return (
-        f"stopped by {name}: the run in {run_dir} keeps its last checkpoint; continue it with "
-        f"trainer.resume=true hydra.run.dir={run_dir} (trainer=cpu|gpu)."
+        f"stopped by {name}: the run in {run_dir} logged {steps} to metrics.jsonl and saved no "
+        "checkpoint (trainer=plan saves none; trainer.save_interval=N saves every N steps), so "
+        "it cannot be resumed: rerun it with a new hydra.run.dir."
     )
 
 
