@@ -4,6 +4,7 @@ sweep's failed jobs (no metrics) are printed and listed in failed_jobs.txt besid
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,9 +60,35 @@ def report(path: Path, out: Path | None = None) -> Report:
     return Report(written, failed, len(jobs) + len(failed))
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM: stop between (or inside) figures; each written one is complete."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the dirs and --out, write the plots, print their paths, then each sweep's failed
-    jobs (as in failed_jobs.txt)."""
+    jobs (as in failed_jobs.txt). SIGINT/SIGTERM stop it with one line, exit 130/143."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
+    try:
+        _main(argv)
+    except Stopped as exc:
+        print(
+            f"report stopped by {exc}: each figure it wrote is complete, the one being drawn "
+            "was not written (no partial or temporary file is left).",
+            file=sys.stderr,
+        )
+        sys.exit(128 + exc.signum)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m slime_hydra.report", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or sweep (multirun) dirs")
     parser.add_argument(

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -148,3 +150,28 @@ def test_a_report_out_dir_under_a_file_is_one_line(tmp_path):
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert f"the report of {d} cannot be written to {tmp_path / 'file'}" in out.stderr
     assert "Pass --out DIR to write it elsewhere." in out.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_report_stopped_by_a_signal_is_one_line_and_leaves_whole_figures(tmp_path, sig):
+    for job in range(40):
+        (tmp_path / f"{job}_seed={job}").mkdir()
+        (tmp_path / f"{job}_seed={job}" / "metrics.jsonl").write_bytes(
+            rows({"train/loss": 1.0}, {"train/loss": 0.5 + job})
+        )
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra.report", str(tmp_path)]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    report_dir = tmp_path / "report"
+    deadline = time.monotonic() + 120
+    while not (report_dir / "sweep.png").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert f"report stopped by {sig.name}: each figure it wrote is complete" in err
+    names = os.listdir(report_dir)
+    assert "sweep.png" in names and len(names) < 41, names  # stopped before the last figure
+    assert all(n.endswith(".png") and not n.startswith(".") for n in names), names
