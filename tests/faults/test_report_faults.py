@@ -175,3 +175,28 @@ def test_a_report_stopped_by_a_signal_is_one_line_and_leaves_whole_figures(tmp_p
     names = os.listdir(report_dir)
     assert "sweep.png" in names and len(names) < 41, names  # stopped before the last figure
     assert all(n.endswith(".png") and not n.startswith(".") for n in names), names
+
+
+def schedule(lengths: object = (3, 5), ranks: object = (((0, 1),),), cap: object = None) -> dict:
+    return {"lengths": list(lengths), "cap": cap, "steps": [{"step": 1, "ranks": ranks}]}
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        (schedule(lengths=(1e400, 2)), "lengths must be a list of non-negative integers"),
+        (schedule(ranks=[]), "step 1: ranks must be a non-empty list of lists"),
+        (schedule(ranks=[[[0, 7]]]), "step 1: sample 7 is not an index of lengths"),
+        (schedule(cap=True), "cap=True is not a positive integer or null"),
+    ],
+    ids=["infinite_length", "no_ranks", "index_out_of_range", "bool_cap"],
+)
+def test_a_hand_edited_schedule_is_one_line(tmp_path, doc, needle):
+    """A float length reached matplotlib ('Axis limits cannot be NaN or Inf') and a step
+    without ranks a ZeroDivisionError."""
+    d = run_dir(tmp_path, rows({"batch/num_microbatches": 1}))
+    (d / "schedule.json").write_text(json.dumps(doc))
+    out = report(d)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and needle in out.stderr, out.stderr[-3000:]
+    assert "schedule.json is not a schedule (ValueError: " in out.stderr
