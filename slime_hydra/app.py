@@ -221,10 +221,19 @@ def main(cfg: DictConfig) -> float | None:
     if not multirun:
         return _main(cfg, job_dir, held_before, attempt)
     sweep_dir = Path(hydra_cfg.sweep.dir)
-    note_sweep_job(sweep_dir, job_dir, None)
+    _note(sweep_dir, job_dir, None)
     objective = _main(cfg, job_dir, held_before, attempt, multirun=True)
-    note_sweep_job(sweep_dir, job_dir, failed=attempt.failed)
+    _note(sweep_dir, job_dir, attempt.failed)
     return objective
+
+
+def _note(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
+    """note_sweep_job; one that cannot be written (a link planted in the sweep dir while it
+    runs) is logged, and the job goes on: the sweep line then misses it."""
+    try:
+        note_sweep_job(sweep_dir, job_dir, failed)
+    except SlimeHydraError as exc:
+        log.error("the sweep line will not count %s: %s", job_dir, exc)
 
 
 def _main(

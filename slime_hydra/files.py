@@ -38,9 +38,10 @@ def _is_link(path: Path) -> bool:
     return os.path.islink(path)
 
 
-def check_inside(path: Path, root: Path) -> None:
+def check_inside(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     """Refuse `path` when it or a dir between `root` and it is a symlink: a file created there
-    would be written wherever the link points, outside the run dir."""
+    would be written wherever the link points, outside the run dir (`key`: the setting that
+    names `root`)."""
     path, root = Path(path), Path(root)
     rel = path.relative_to(root)
     at = root
@@ -50,17 +51,18 @@ def check_inside(path: Path, root: Path) -> None:
             raise SlimeHydraError(
                 f"{at} is a symlink (to {os.readlink(at)}); the run dir's files are never written "
                 f"through links, so nothing was written. Remove the link from {root}, or pass a "
-                "new hydra.run.dir."
+                f"new {key}."
             )
 
 
-def refuse_links(root: Path) -> None:
-    """Refuse a run dir holding a symlink anywhere: a link planted there (as `.lock`,
-    `config.yaml`, `checkpoints`) would redirect a write outside the dir."""
+def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a run (or sweep) dir holding a symlink anywhere: a link planted there (as `.lock`,
+    `config.yaml`, `checkpoints`, a sweep's `multirun.yaml`) would redirect a write outside the
+    dir."""
     for where, dirs, names in os.walk(root):
         for name in sorted(dirs + names):
             if _is_link(Path(where) / name):
-                check_inside(Path(where) / name, Path(root))
+                check_inside(Path(where) / name, Path(root), key)
 
 
 def make_dirs(path: Path, root: Path) -> None:

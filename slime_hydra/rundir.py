@@ -281,6 +281,8 @@ class RunDirPath(Callback):
         """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
         self._refuse(check_hydra_files, config, Path(config.hydra.sweep.dir))
         self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        # Hydra writes multirun.yaml and the jobs sweep_jobs.jsonl and their dirs: no link.
+        self._refuse(refuse_links, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         self._refuse(check_job_dirs, config)
 
     @staticmethod

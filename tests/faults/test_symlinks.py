@@ -112,3 +112,23 @@ def test_a_dir_written_whole_replaces_the_old_one_entirely(tmp_path):
     write_dir(old, lambda stage: (stage / "model.safetensors").write_bytes(b"new"), tmp_path)
     assert os.listdir(old) == ["model.safetensors"]
     assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+SWEEP_PLANTS = {"multirun.yaml": "config", "sweep_jobs.jsonl": "metrics", "0_seed=1": "dir"}
+"""What a sweep writes in its dir (Hydra's multirun.yaml, the jobs' lines, a job's dir)."""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry", sorted(SWEEP_PLANTS))
+def test_a_sweep_into_a_dir_with_a_planted_link_is_refused_before_any_job(tmp_path, outside, entry):
+    """Hydra wrote multirun.yaml through a planted link, outside the sweep dir (rc 0)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / entry).symlink_to(outside / SWEEP_PLANTS[entry])
+    before = snapshot(outside)
+    out = cli("-m", "trainer=plan", "logger=jsonl", "seed=1,2", f"hydra.sweep.dir={sweep}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert f"{sweep / entry} is a symlink" in text and "pass a new hydra.sweep.dir" in text
+    assert snapshot(outside) == before
+    assert os.listdir(sweep) == [entry]
