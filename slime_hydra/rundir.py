@@ -182,17 +182,16 @@ def sweep_job_subdirs(config: DictConfig) -> list[tuple[list[str], str]] | None:
     try:
         overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
         (jobs,) = BasicSweeper.split_arguments(overrides, None)
-        for num, job in enumerate(jobs):
-            dirname = get_overrides_dirname(
-                parser.parse_overrides(job),
-                list(naming.exclude_keys),
-                naming.item_sep,
-                naming.kv_sep,
-            )
-            with read_write(cfg.hydra), open_dict(cfg.hydra):
+        parsed = {o: parser.parse_override(o) for o in {o for job in jobs for o in job}}
+        exclude = list(naming.exclude_keys)
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            for num, job in enumerate(jobs):
+                dirname = get_overrides_dirname(
+                    [parsed[o] for o in job], exclude, naming.item_sep, naming.kv_sep
+                )
                 cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
                 cfg.hydra.job.override_dirname = dirname
-            out.append((job, str(cfg.hydra.sweep.subdir)))
+                out.append((job, str(cfg.hydra.sweep.subdir)))
     except (HydraException, OmegaConfBaseException):
         return None
     return out
