@@ -19,6 +19,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -210,17 +211,55 @@ class NoFollowFileHandler(logging.FileHandler):
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
-def read_text(path: Path, what: str, fix: str) -> str:
-    """The UTF-8 text of `path`, or our error naming `what` it is, the problem and `fix`."""
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def read_bytes(path: Path, what: str, fix: str) -> bytes:
+    """The bytes of the regular file `path`, or our error naming `what` it is, the problem and
+    `fix`: missing, a directory, a FIFO or device (whose read would block or never end), or
+    larger than the memory available (the read would be killed for memory, without a word)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SlimeHydraError(f"{what} {path} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise SlimeHydraError(f"{what} {path} is a directory, not a file; {fix}") from None
     except OSError as exc:
         raise SlimeHydraError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SlimeHydraError(f"{what} {path} is a directory, not a file; {fix}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SlimeHydraError(
+                f"{what} {path} is not a regular file (a FIFO, device or socket, whose read "
+                f"would block or never end); {fix}"
+            )
+        available = available_memory()
+        if available is not None and info.st_size > available:
+            raise SlimeHydraError(
+                f"{what} {path} holds {info.st_size:,} bytes, more than the {available:,} bytes "
+                f"of memory available here: reading it would be killed for memory. {fix}"
+            )
+        try:
+            return f.read()
+        except OSError as exc:
+            raise SlimeHydraError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+
+
+def read_text(path: Path, what: str, fix: str) -> str:
+    """The UTF-8 text of `path` (`read_bytes`), or our error naming `what` it is, the problem
+    and `fix`."""
+    path = Path(path)
+    data = read_bytes(path, what, fix)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -269,10 +308,7 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """(`file:line`, value) of each non-blank line of a JSON Lines file; a line that is not
     UTF-8, not JSON or nested too deep is our error naming file and line."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SlimeHydraError(f"data.path={str(path)!r} cannot be read ({exc.strerror}).") from None
+    data = read_bytes(path, "data.path", "point data.path at a JSON Lines file.")
     gzip = " (it is gzip-compressed: decompress it first)" if data[:2] == b"\x1f\x8b" else ""
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         at = f"{path}:{lineno}"

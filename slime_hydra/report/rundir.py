@@ -28,6 +28,9 @@ __all__ = [
     "sweep_jobs",
 ]
 
+ERROR_BYTES = 65536
+"""The most of a failed job's error.txt read for its first line."""
+
 JOB_MARKS = ("metrics.jsonl", ERROR_FILE, LOCK_FILE)
 """Files that make a sweep dir's subdir a job dir: the app takes `.lock` before anything else,
 a job that runs writes metrics.jsonl, one that is refused writes error.txt."""
@@ -106,7 +109,8 @@ class FailedJob:
         if not error_file.is_file():
             note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
             return cls(path, note)
-        text = error_file.read_bytes().decode(errors="replace")
+        with error_file.open("rb") as f:
+            text = f.read(ERROR_BYTES).decode(errors="replace")  # its first line is enough
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return cls(path, lines[0] if lines else "error.txt is empty")
 

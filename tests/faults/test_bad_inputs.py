@@ -23,7 +23,10 @@ from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import read_text
+from slime_hydra.log.jsonl import rows_done
 from slime_hydra.schedule import ParallelLayout
+from slime_hydra.train.run.checkpoint import latest_step
 from slime_hydra.train.run.checks import check_gpu_count, check_knobs, check_rollout_fits
 from slime_hydra.train.run.plan import check_plan
 from slime_hydra.train.settings import PlanTrainer
@@ -387,3 +390,43 @@ def test_a_prompt_the_chat_template_refuses_names_file_and_line(
     with pytest.raises(SlimeHydraError) as err:
         TextRollouts(str(data), str(tok)).load()
     assert needle.format(tok=tok) in str(err.value)
+
+
+# -- files a reader must not read whole: bigger than memory, FIFOs ----------------------------
+
+HUGE = 2**43
+"""A sparse file's size (8 TiB): more memory than any machine these tests run on has."""
+
+
+def sparse(path: Path, size: int = HUGE) -> Path:
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_a_trace_bigger_than_memory_is_refused_before_reading_it(tmp_path):
+    with pytest.raises(SlimeHydraError) as err:
+        JsonlTrace(str(sparse(tmp_path / "t.jsonl"))).load()
+    assert f"data.path {tmp_path / 't.jsonl'} holds {HUGE:,} bytes, more than the " in str(
+        err.value
+    )
+    assert "reading it would be killed for memory" in str(err.value)
+
+
+def test_a_metrics_file_bigger_than_memory_is_refused(tmp_path):
+    with pytest.raises(SlimeHydraError, match=r"the metrics file .* holds 8,796,093,022,208 bytes"):
+        rows_done(sparse(tmp_path / "metrics.jsonl"), steps_done=0)
+
+
+def test_a_huge_latest_file_is_read_no_further_than_a_count(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    sparse(tmp_path / "checkpoints" / "latest")
+    with pytest.raises(SlimeHydraError, match=r"holds '\\x00.*', not a step count"):
+        latest_step(tmp_path)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(SlimeHydraError, match=r"is not a regular file \(a FIFO, device or socket"):
+        read_text(fifo, "the checkpoint's config", "fix it.")

@@ -90,7 +90,11 @@ def latest_step(run_dir: Path) -> int | None:
     path = checkpoint_root(run_dir) / "latest"
     if not path.exists():
         return None
-    data = path.read_bytes()[:64] if path.is_file() else b"(not a file)"
+    if path.is_file():
+        with path.open("rb") as f:
+            data = f.read(64)  # a count is a few digits: never the whole of a damaged file
+    else:
+        data = b"(not a file)"
     text = data.decode(errors="replace").strip()
     count = parse_count(text)
     if count is None or count < 1:
