@@ -282,3 +282,42 @@ def test_hydra_writing_its_snapshot_itself_is_refused_and_changes_nothing(tmp_pa
     )
     refused(out, "hydra.output_subdir='.hydra': Hydra would write its config snapshot there")
     assert_untouched(before, tmp_path)
+
+
+def as_unprivileged() -> list[str]:
+    """A command prefix under which file permissions apply: root keeps its uid (and so can run
+    the venv in /root) but loses the capabilities that bypass them."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot be made to apply")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+@pytest.mark.parametrize(
+    ("key", "where"),
+    [("hydra.run.dir", "ro"), ("hydra.run.dir", "ro/run"), ("hydra.sweep.dir", "ro")],
+)
+def test_a_read_only_run_dir_is_one_paragraph(tmp_path, key, where):
+    (tmp_path / "ro").mkdir(mode=0o500)
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [*as_unprivileged(), sys.executable, "-W", "ignore", "-m", "slime_hydra"]
+    cmd += ["-m"] * (key == "hydra.sweep.dir") + ["trainer=plan", "logger=jsonl", "seed=1"]
+    out = subprocess.run(
+        [*cmd, f"{key}={tmp_path / where}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    refused(out, f"{key}={tmp_path / where} cannot be a run dir: this user may not create or write")
+    assert os.listdir(tmp_path / "ro") == []
+
+
+def test_a_report_into_a_read_only_run_dir_names_out(tmp_path):
+    run = tmp_path / "run"
+    assert cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run}").returncode == 0
+    run.chmod(0o500)
+    cmd = [*as_unprivileged(), sys.executable, "-W", "ignore", "-m", "slime_hydra.report", str(run)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"the report of {run} cannot be written to {run / 'report'}: Permission denied" in (
+        out.stderr
+    )
+    assert "Pass --out DIR to write it elsewhere." in out.stderr
