@@ -185,9 +185,19 @@ def _stopped_line(signum: int, run_dir: Path, attempt: Attempt) -> str:
     name = signal.Signals(signum).name
     if not attempt.wrote:
         return f"stopped by {name} before training started: nothing was written to {run_dir}."
+    if (run_dir / "checkpoints" / "latest").is_file():
+        return (
+            f"stopped by {name}: the run in {run_dir} keeps its last checkpoint; continue it "
+            f"with trainer.resume=true hydra.run.dir={run_dir} (trainer=cpu|gpu)."
+        )
+    try:
+        steps = f"{len(rows_done(run_dir / 'metrics.jsonl', steps_done=2**63 - 1))} step(s)"
+    except SlimeHydraError:
+        steps = "steps"
     return (
-        f"stopped by {name}: the run in {run_dir} keeps its last checkpoint; continue it with "
-        f"trainer.resume=true hydra.run.dir={run_dir} (trainer=cpu|gpu)."
+        f"stopped by {name}: the run in {run_dir} logged {steps} to metrics.jsonl and saved no "
+        "checkpoint (trainer=plan saves none; trainer.save_interval=N saves every N steps), so "
+        "it cannot be resumed: rerun it with a new hydra.run.dir."
     )
 
 
@@ -212,10 +222,19 @@ def main(cfg: DictConfig) -> float | None:
     if not multirun:
         return _main(cfg, job_dir, held_before, attempt)
     sweep_dir = Path(hydra_cfg.sweep.dir)
-    note_sweep_job(sweep_dir, job_dir, None)
+    _note(sweep_dir, job_dir, None)
     objective = _main(cfg, job_dir, held_before, attempt, multirun=True)
-    note_sweep_job(sweep_dir, job_dir, failed=attempt.failed)
+    _note(sweep_dir, job_dir, attempt.failed)
     return objective
+
+
+def _note(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
+    """note_sweep_job; one that cannot be written (a link planted in the sweep dir while it
+    runs) is logged, and the job goes on: the sweep line then misses it."""
+    try:
+        note_sweep_job(sweep_dir, job_dir, failed)
+    except SlimeHydraError as exc:
+        log.error("the sweep line will not count %s: %s", job_dir, exc)
 
 
 def _main(

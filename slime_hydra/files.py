@@ -4,8 +4,10 @@ nested past reason or a number in other digits refused as one paragraph instead 
 
 Writing: `write_files` stages every file of a set under a fresh temporary name (created with
 O_EXCL | O_NOFOLLOW, so a planted `.x.tmp` symlink is never written through), then renames them
-into place; a failure removes every temporary file. `check_inside` refuses a path whose dirs
-below the run dir are symlinks (a rename into a symlinked dir would land outside the run dir).
+into place; a failure removes every temporary file. `write_dir` does the same for a whole dir
+(an HF export): filled in a fresh dir beside it, then renamed into place. `check_inside` refuses
+a path whose dirs below the run dir are symlinks (a rename into a symlinked dir would land
+outside the run dir).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import logging
 import os
 import re
 import secrets
+import shutil
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -35,9 +39,10 @@ def _is_link(path: Path) -> bool:
     return os.path.islink(path)
 
 
-def check_inside(path: Path, root: Path) -> None:
+def check_inside(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     """Refuse `path` when it or a dir between `root` and it is a symlink: a file created there
-    would be written wherever the link points, outside the run dir."""
+    would be written wherever the link points, outside the run dir (`key`: the setting that
+    names `root`)."""
     path, root = Path(path), Path(root)
     rel = path.relative_to(root)
     at = root
@@ -47,17 +52,18 @@ def check_inside(path: Path, root: Path) -> None:
             raise SlimeHydraError(
                 f"{at} is a symlink (to {os.readlink(at)}); the run dir's files are never written "
                 f"through links, so nothing was written. Remove the link from {root}, or pass a "
-                "new hydra.run.dir."
+                f"new {key}."
             )
 
 
-def refuse_links(root: Path) -> None:
-    """Refuse a run dir holding a symlink anywhere: a link planted there (as `.lock`,
-    `config.yaml`, `checkpoints`) would redirect a write outside the dir."""
+def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a run (or sweep) dir holding a symlink anywhere: a link planted there (as `.lock`,
+    `config.yaml`, `checkpoints`, a sweep's `multirun.yaml`) would redirect a write outside the
+    dir."""
     for where, dirs, names in os.walk(root):
         for name in sorted(dirs + names):
             if _is_link(Path(where) / name):
-                check_inside(Path(where) / name, Path(root))
+                check_inside(Path(where) / name, Path(root), key)
 
 
 def make_dirs(path: Path, root: Path) -> None:
@@ -140,6 +146,49 @@ def write_file(path: Path, content: Content, root: Path) -> None:
     write_files({Path(path): content}, root)
 
 
+def write_dir(path: Path, fill: Callable[[Path], None], root: Path) -> None:
+    """Create the dir `path` (below `root`) whole or not at all: `fill` writes its files into a
+    fresh private dir beside it (made by mkdir, so never a planted link), whose files are then
+    fsync'd and which replaces `path` by rename, an old `path` removed after. On a failure the
+    fresh dir is removed and `path` stays as it was; a full disk is our error naming `path`."""
+    path = Path(path)
+    check_inside(path, root)
+    stage = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    old = stage.with_suffix(".old")
+    stage.mkdir(mode=0o700)
+    try:
+        fill(stage)
+        for file in stage.rglob("*"):
+            if file.is_file() and not file.is_symlink():
+                _fsync(file)
+        check_inside(path, root)
+        replaced = os.path.lexists(path)
+        if replaced:
+            os.rename(path, old)
+        try:
+            os.rename(stage, path)
+        except BaseException:
+            if replaced:
+                os.rename(old, path)
+            raise
+    except BaseException as exc:
+        if _is_enospc(exc):
+            raise disk_full(path, None) from None
+        raise
+    finally:
+        for leftover in (stage, old):
+            if os.path.lexists(leftover):
+                shutil.rmtree(leftover)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def open_append(path: Path, root: Path) -> IO[str]:
     """`path` opened for appending text, created if absent, never through a symlink."""
     check_inside(Path(path), root)
@@ -162,17 +211,55 @@ class NoFollowFileHandler(logging.FileHandler):
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
 
 
-def read_text(path: Path, what: str, fix: str) -> str:
-    """The UTF-8 text of `path`, or our error naming `what` it is, the problem and `fix`."""
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def read_bytes(path: Path, what: str, fix: str) -> bytes:
+    """The bytes of the regular file `path`, or our error naming `what` it is, the problem and
+    `fix`: missing, a directory, a FIFO or device (whose read would block or never end), or
+    larger than the memory available (the read would be killed for memory, without a word)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise SlimeHydraError(f"{what} {path} does not exist; {fix}") from None
-    except IsADirectoryError:
-        raise SlimeHydraError(f"{what} {path} is a directory, not a file; {fix}") from None
     except OSError as exc:
         raise SlimeHydraError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise SlimeHydraError(f"{what} {path} is a directory, not a file; {fix}")
+        if not stat.S_ISREG(info.st_mode):
+            raise SlimeHydraError(
+                f"{what} {path} is not a regular file (a FIFO, device or socket, whose read "
+                f"would block or never end); {fix}"
+            )
+        available = available_memory()
+        if available is not None and info.st_size > available:
+            raise SlimeHydraError(
+                f"{what} {path} holds {info.st_size:,} bytes, more than the {available:,} bytes "
+                f"of memory available here: reading it would be killed for memory. {fix}"
+            )
+        try:
+            return f.read()
+        except OSError as exc:
+            raise SlimeHydraError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+
+
+def read_text(path: Path, what: str, fix: str) -> str:
+    """The UTF-8 text of `path` (`read_bytes`), or our error naming `what` it is, the problem
+    and `fix`."""
+    path = Path(path)
+    data = read_bytes(path, what, fix)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -221,10 +308,7 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """(`file:line`, value) of each non-blank line of a JSON Lines file; a line that is not
     UTF-8, not JSON or nested too deep is our error naming file and line."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise SlimeHydraError(f"data.path={str(path)!r} cannot be read ({exc.strerror}).") from None
+    data = read_bytes(path, "data.path", "point data.path at a JSON Lines file.")
     gzip = " (it is gzip-compressed: decompress it first)" if data[:2] == b"\x1f\x8b" else ""
     for lineno, raw in enumerate(data.split(b"\n"), 1):
         at = f"{path}:{lineno}"

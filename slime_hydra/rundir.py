@@ -161,23 +161,133 @@ def make_run_dir(path: Path, key: str) -> None:
         ) from None
 
 
+def sweep_job_subdirs(config: DictConfig) -> list[tuple[list[str], str]] | None:
+    """(overrides, hydra.sweep.subdir) of each job of a basic sweep, named as Hydra's launchers
+    name them (its job number and override_dirname); None for another sweeper, which picks its
+    jobs as it runs, or for sweep overrides or a subdir Hydra itself will report."""
+    from hydra._internal.config_loader_impl import get_overrides_dirname
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import open_dict, read_write
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+        return None
+    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    parser = OverridesParser.create()
+    naming = config.hydra.job.config.override_dirname
+    cfg = config.copy()
+    out = []
+    try:
+        overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
+        (jobs,) = BasicSweeper.split_arguments(overrides, None)
+        parsed = {o: parser.parse_override(o) for o in {o for job in jobs for o in job}}
+        exclude = list(naming.exclude_keys)
+        with read_write(cfg.hydra), open_dict(cfg.hydra):
+            for num, job in enumerate(jobs):
+                dirname = get_overrides_dirname(
+                    [parsed[o] for o in job], exclude, naming.item_sep, naming.kv_sep
+                )
+                cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
+                cfg.hydra.job.override_dirname = dirname
+                out.append((job, str(cfg.hydra.sweep.subdir)))
+    except (HydraException, OmegaConfBaseException):
+        return None
+    return out
+
+
+def check_job_dirs(config: DictConfig) -> None:
+    """Every job of a basic sweep gets a dir of its own below the sweep dir, with names and a
+    path the file system allows. hydra.sweep.subdir names them: a long swept value would make
+    Hydra fail creating one with a traceback after the jobs before it ran, two jobs in one dir
+    would refuse every job after the first, and '..' would put a job outside the sweep dir."""
+    jobs = sweep_job_subdirs(config)
+    sweep_dir = Path(config.hydra.sweep.dir).absolute()
+    name_max = os.pathconf(sweep_dir, "PC_NAME_MAX")
+    path_max = os.pathconf(sweep_dir, "PC_PATH_MAX")
+    raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
+    fix = "No job was run. Name the job dirs by number with hydra.sweep.subdir='${hydra.job.num}'"
+    taken: dict[str, int] = {}
+    for num, (job, subdir) in enumerate(jobs or ()):
+        path = sweep_dir / subdir
+        longest = max((len(os.fsencode(part)) for part in Path(subdir).parts), default=0)
+        shown = str(path) if len(str(path)) <= 160 else f"{str(path)[:160]}…"
+        if longest > name_max or len(os.fsencode(path)) >= path_max:
+            limit = (
+                f"a name of {longest} bytes where the file system allows {name_max}"
+                if longest > name_max
+                else f"a path of {len(os.fsencode(path))} bytes where it allows {path_max - 1}"
+            )
+            raise SlimeHydraError(
+                f"job {num} of this sweep would run in {shown}, {limit}: "
+                f"hydra.sweep.subdir={raw} names each job's dir after its overrides "
+                f"({' '.join(job)[:60]}…). {fix}, or sweep shorter values."
+            )
+        where = os.path.normpath(path)
+        if Path(where) != sweep_dir and sweep_dir not in Path(where).parents:
+            raise SlimeHydraError(
+                f"job {num} of this sweep would run in {where}, outside hydra.sweep.dir="
+                f"{sweep_dir}: hydra.sweep.subdir={raw} must name a dir below it. {fix}."
+            )
+        if where in taken:
+            raise SlimeHydraError(
+                f"jobs {taken[where]} and {num} of this sweep would both run in {where}: "
+                f"hydra.sweep.subdir={raw} gives them one dir, and a dir holds one run, so "
+                f"every job after the first would be refused. {fix} (or put it in the subdir)."
+            )
+        taken[where] = num
+
+
+def check_hydra_files(config: DictConfig, run_dir: Path) -> None:
+    """Hydra writes only the job's log into the run dir, at a plain name: the app writes .hydra/
+    itself once the run is accepted (hydra.output_subdir is null), and hydra.job.name names the
+    log file <run dir>/<name>.log, so a name with "/" or ".." would put it elsewhere."""
+    subdir = config.hydra.output_subdir
+    if subdir is not None:
+        raise SlimeHydraError(
+            f"hydra.output_subdir={subdir!r}: Hydra would write its config snapshot there "
+            "before the run is checked, so a refused run would change the run dir (or a dir "
+            "outside it). slime_hydra writes the snapshot itself, as <run dir>/.hydra/, once "
+            "the run is accepted: drop the override (conf/config.yaml sets it to null)."
+        )
+    name = str(config.hydra.job.name)
+    existing = Path(run_dir).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    too_long = len(os.fsencode(f"{name}.log")) > os.pathconf(existing, "PC_NAME_MAX")
+    if name in ("", ".", "..") or "/" in name or too_long:
+        raise SlimeHydraError(
+            f"hydra.job.name={name[:80]!r} names the job's log file (<run dir>/<name>.log) and "
+            "must be a plain file name the file system allows, without '/' and not '..': this "
+            "one would put the log outside the run dir or nowhere. Drop the override (the "
+            "default is slime_hydra) or pass a short plain name."
+        )
+
+
 class RunDirPath(Callback):
     """Creates the run dir (or a sweep's dir) before Hydra does, so that a path that cannot be
     one is one paragraph and exit 1 instead of Hydra's traceback (registered in
-    conf/config.yaml under hydra.callbacks)."""
+    conf/config.yaml under hydra.callbacks); a sweep's job dirs and the files Hydra itself
+    would write (check_hydra_files) are checked too."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.run.dir or stop with our message."""
-        self._make(Path(config.hydra.run.dir), "hydra.run.dir")
+        self._refuse(check_hydra_files, config, Path(config.hydra.run.dir))
+        self._refuse(make_run_dir, Path(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Create hydra.sweep.dir or stop with our message."""
-        self._make(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
+        self._refuse(check_hydra_files, config, Path(config.hydra.sweep.dir))
+        self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        # Hydra writes multirun.yaml and the jobs sweep_jobs.jsonl and their dirs: no link.
+        self._refuse(refuse_links, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(check_job_dirs, config)
 
     @staticmethod
-    def _make(path: Path, key: str) -> None:
+    def _refuse(check: Any, *args: Any) -> None:
         try:
-            make_run_dir(path, key)
+            check(*args)
         except SlimeHydraError as exc:
             print(exc, file=sys.stderr, flush=True)
             sys.exit(1)

@@ -25,8 +25,8 @@ def sweep_line(sweep_dir: Path, offset: int = 0) -> str:
     if not sweep_dir.is_dir():
         return f"sweep: 0 jobs ({sweep_dir} does not exist)"
     outcomes = sweep_outcomes(sweep_dir, offset)
-    failed = [sweep_dir / job for job, ok in outcomes.items() if not ok]
-    head = f"sweep: {len(outcomes)} jobs, {len(failed)} failed"
+    failed = list(dict.fromkeys(sweep_dir / job for job, ok in outcomes if not ok))
+    head = f"sweep: {len(outcomes)} jobs, {sum(not ok for _, ok in outcomes)} failed"
     if not failed:
         return f"{head} ({sweep_dir})"
     if len(failed) > MAX_NAMED:

@@ -8,22 +8,11 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import available_memory
 
 BYTES_PER_SAMPLE = 1024
 """Memory a planned sample takes, rounded up (lengths, ids, its place in the schedule and the
 step metrics: about 200 bytes measured at 10⁵–10⁶ samples)."""
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation (Linux MemAvailable), None if unknown."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,31 @@ class TextRollouts:
     append_eos: bool = True
     """End each response with the tokenizer's eos token (the end of the assistant turn)."""
 
+    def _encode(
+        self, tokenizer: Any, content: str | list[dict[str, str]], at: str, field: str
+    ) -> list[int]:
+        """The token ids of a text, or of chat messages through the chat template with the
+        generation prompt; what the tokenizer or its template raises instead is our error
+        naming the record and field (a template's raise_exception, a syntax error, ...)."""
+        try:
+            if isinstance(content, list):
+                return tokenizer.apply_chat_template(
+                    content, add_generation_prompt=True, tokenize=True, return_dict=False
+                )
+            return tokenizer(content, add_special_tokens=False)["input_ids"]
+        except Exception as exc:  # tokenizers, jinja2 and transformers raise many types
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            template = (
+                "its chat template, or set data.chat_template=false to tokenize prompts as "
+                "plain text"
+                if isinstance(content, list)
+                else "the tokenizer"
+            )
+            raise SlimeHydraError(
+                f"{at}: the tokenizer in {self.tokenizer} cannot encode the {field} "
+                f"({type(exc).__name__}: {first}); fix the record, or {template}."
+            ) from None
+
     def load(self) -> RolloutBatch:
         """Tokenize every record; name the file and line of the first bad one."""
         from slime_hydra.hf.tokenizer import load_tokenizer
@@ -131,15 +156,10 @@ class TextRollouts:
             if not isinstance(record["response"], str):
                 raise SlimeHydraError(f"{at}: response must be a string.")
             messages = _messages(record["prompt"], at)
-            if self.chat_template:
-                prompt_ids = tokenizer.apply_chat_template(
-                    messages, add_generation_prompt=True, tokenize=True, return_dict=False
-                )
-            else:
-                text = "".join(m["content"] for m in messages)
-                prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            prompt = messages if self.chat_template else "".join(m["content"] for m in messages)
+            prompt_ids = self._encode(tokenizer, prompt, at, "prompt")
             response = _encodable(record["response"], at, "response")
-            response_ids = tokenizer(response, add_special_tokens=False)["input_ids"]
+            response_ids = self._encode(tokenizer, response, at, "response")
             if self.append_eos:
                 response_ids = [*response_ids, eos]
             if not response_ids:

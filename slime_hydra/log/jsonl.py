@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import open_append, parse_json, write_file
+from slime_hydra.files import open_append, parse_json, read_bytes, write_file
 from slime_hydra.log.sink import Metrics
 
 log = logging.getLogger(__name__)
@@ -49,10 +49,7 @@ def rows_done(path: Path, steps_done: int) -> list[str]:
     fix = "repair or remove it, or start a new run dir."
     if path.is_symlink() or not path.is_file():
         raise SlimeHydraError(f"{path} is not a regular file (a dir or a link?); " + fix)
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except OSError as exc:
-        raise SlimeHydraError(f"{path} cannot be read ({exc.strerror}); " + fix) from None
+    lines = read_bytes(path, "the metrics file", fix).split(b"\n")
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     by_step: dict[int, str] = {}
     for i, line in enumerate(lines):

@@ -29,11 +29,17 @@ log = logging.getLogger(__name__)
 
 TABLE_COLUMNS = ("step", "rank", "microbatch", "samples", "tokens", "cap", "over_cap")
 
+RUN_ID_BYTES = 128
+"""The most of the stored run id file read back (wandb's ids are 8 characters)."""
+
 
 def stored_run_id(run_dir: Path) -> str | None:
     """The wandb run id kept in the run dir by an earlier attempt of this run, if any."""
     path = Path(run_dir) / "wandb" / "run_id"
-    text = path.read_bytes().decode(errors="replace").strip() if path.is_file() else ""
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        text = f.read(RUN_ID_BYTES).decode(errors="replace").strip()  # never a whole big file
     return text or None
 
 

@@ -4,12 +4,14 @@ sweep's failed jobs (no metrics) are printed and listed in failed_jobs.txt besid
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import make_dirs, write_file
 from slime_hydra.report.plots import plot_run, plot_sweep
 from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
 
@@ -41,24 +43,52 @@ def report(path: Path, out: Path | None = None) -> Report:
     `path`/report)."""
     out = out if out is not None else path / "report"
     if is_run_dir(path):
-        out.mkdir(parents=True, exist_ok=True)
-        return Report([plot_run(RunDir.read(path), out / f"{path.name}.png")])
+        run = RunDir.read(path)
+        make_dirs(out, out.parent)
+        return Report([plot_run(run, out / f"{path.name}.png")])
     jobs, failed = sweep_jobs(path), failed_jobs(path)
     if not jobs and not failed:
         raise SystemExit(f"{path}: neither a run dir (metrics.jsonl) nor a sweep dir of runs")
-    out.mkdir(parents=True, exist_ok=True)
     runs = [RunDir.read(job) for job in jobs]
+    make_dirs(out, out.parent)
     written = [plot_sweep(runs, out / "sweep.png", path.name, failed)] if runs else []
     written += [plot_run(run, out / f"{run.name}.png") for run in runs]
     if failed:
-        (out / FAILED_FILE).write_text(failed_text(path, failed, len(jobs) + len(failed)))
+        text = failed_text(path, failed, len(jobs) + len(failed))
+        write_file(out / FAILED_FILE, text, out)
         written.append(out / FAILED_FILE)
     return Report(written, failed, len(jobs) + len(failed))
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM: stop between (or inside) figures; each written one is complete."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the dirs and --out, write the plots, print their paths, then each sweep's failed
-    jobs (as in failed_jobs.txt)."""
+    jobs (as in failed_jobs.txt). SIGINT/SIGTERM stop it with one line, exit 130/143."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop)
+    try:
+        _main(argv)
+    except Stopped as exc:
+        print(
+            f"report stopped by {exc}: each figure it wrote is complete, the one being drawn "
+            "was not written (no partial or temporary file is left).",
+            file=sys.stderr,
+        )
+        sys.exit(128 + exc.signum)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m slime_hydra.report", description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or sweep (multirun) dirs")
     parser.add_argument(
@@ -74,6 +104,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             done = report(path, out)
         except SlimeHydraError as exc:
             raise SystemExit(str(exc)) from None
+        except OSError as exc:
+            raise SystemExit(
+                f"the report of {path} cannot be written to {exc.filename or out}: "
+                f"{exc.strerror or exc}. Pass --out DIR to write it elsewhere."
+            ) from None
         for written in done.written:
             print(written)
         if done.failed:

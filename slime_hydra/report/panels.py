@@ -1,6 +1,6 @@
-"""Which per-step metrics get a panel of their own, and how a sweep reduces each to one number
-per job: a panel exists only for a metric the run logged (plan runs log sim/*, cpu and gpu
-training runs train/* and perf/*)."""
+"""Which per-step metrics the report plots, and how a sweep reduces each to one number per job: a
+panel exists only for metrics the run logged (plan runs log sim/*, cpu and gpu training runs
+train/* and perf/*, every run the batch/* schedule metrics; a hand-written file may hold fewer)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ class StepPanel:
     fmt: str
     from_zero: bool = True
     """The y axis starts at 0 (a time or a share), not at the smallest value (a loss)."""
+
+
+COUNT_KEYS = ("batch/num_microbatches", "batch/num_microbatches_lb", "batch/empty_microbatches")
+"""What the micro-batch count panel reads (the count itself, its lower bound, empty ones)."""
+
+IMBALANCE_KEYS = (
+    ("batch/token_imbalance", "micro-batch tokens"),
+    ("batch/dp_token_imbalance", "DP rank tokens"),
+    ("batch/flops_imbalance", "micro-batch FLOPs"),
+    ("batch/dp_flops_imbalance", "DP rank FLOPs"),
+)
+"""(metric, label) of each line of the imbalance panel."""
 
 
 def _last(values: Sequence[float]) -> float:
@@ -71,6 +83,11 @@ def logged(rows: Sequence[Metrics], key: str) -> tuple[list[int], list[float]]:
     """The steps that logged `key` (a value, not null) and those values."""
     pairs = [(row["step"], row[key]) for row in rows if row.get(key) is not None]
     return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def plotted_keys() -> set[str]:
+    """Every metric a report reads: its values must be numbers (or null)."""
+    return {*COUNT_KEYS, *(k for k, _ in IMBALANCE_KEYS), *(p.key for p in STEP_PANELS)}
 
 
 def step_panels(rows: Sequence[Metrics]) -> list[StepPanel]:

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import matplotlib
@@ -22,7 +23,17 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from slime_hydra.report.panels import StepPanel, logged, step_panels, sweep_value
+from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import write_file
+from slime_hydra.report.panels import (
+    COUNT_KEYS,
+    IMBALANCE_KEYS,
+    StepPanel,
+    logged,
+    plotted_keys,
+    step_panels,
+    sweep_value,
+)
 from slime_hydra.report.rundir import FailedJob, RunDir, run_summary
 from slime_hydra.schedule import Schedule, breaks_cap
 
@@ -163,7 +174,9 @@ def _tokens_panel(ax: Axes, run: RunDir) -> None:
     per_rank = dp <= MAX_RANK_LINES
     handles, labels, over = (_rank_lines if per_rank else _rank_band)(ax, run)
     steps = [step for step, _ in _run_steps(run)]
-    top = max((row["batch/mb_tokens_max"] for row in run.metrics), default=1)
+    top = max(
+        (max(ts, default=0) for _, i in _run_steps(run) for ts in _tokens(schedule, i)), default=1
+    )
     if schedule.cap is not None:
         top = max(top, schedule.cap)
         ax.axhline(schedule.cap, color=CAP_COLOR, ls="--", lw=1.5)
@@ -195,17 +208,17 @@ def _tokens_panel(ax: Axes, run: RunDir) -> None:
 
 def _count_panel(ax: Axes, run: RunDir) -> None:
     """Micro-batches per rank each step, next to the lower bound any cap-safe schedule needs."""
-    steps = [row["step"] for row in run.metrics]
-    counts = [row["batch/num_microbatches"] for row in run.metrics]
+    count, bound, empty = COUNT_KEYS
+    steps, counts = logged(run.metrics, count)
     ax.bar(steps, counts, width=0.6, color="#1f77b4", label="micro-batches per rank")
-    lower = [row.get("batch/num_microbatches_lb") for row in run.metrics]
-    if all(v is not None for v in lower):
+    lower = logged(run.metrics, bound)
+    if lower[0]:
         width = 500 * min(1.0, MAX_STEP_TICKS / max(len(steps), 1))  # within a bar's slot
-        ax.scatter(steps, lower, marker="_", s=width, lw=2.5, color=LB_COLOR, zorder=3)
+        ax.scatter(*lower, marker="_", s=width, lw=2.5, color=LB_COLOR, zorder=3)
         ax.scatter([], [], marker="_", s=120, lw=2.5, color=LB_COLOR, label="lower bound")
-    empty = [row.get("batch/empty_microbatches") or 0 for row in run.metrics]
-    if any(empty):
-        ax.bar(steps, empty, width=0.6, color="#ff7f0e", label="empty micro-batches (all ranks)")
+    empties = logged(run.metrics, empty)
+    if any(empties[1]):
+        ax.bar(*empties, width=0.6, color="#ff7f0e", label="empty micro-batches (all ranks)")
     _step_axis(ax, steps)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
@@ -217,16 +230,12 @@ def _count_panel(ax: Axes, run: RunDir) -> None:
 def _imbalance_panel(ax: Axes, run: RunDir) -> None:
     """Token and FLOPs imbalance (max / mean) of micro-batches and DP ranks over the steps;
     1.0 is perfect."""
-    steps = [row["step"] for row in run.metrics]
-    for key, label in (
-        ("batch/token_imbalance", "micro-batch tokens"),
-        ("batch/dp_token_imbalance", "DP rank tokens"),
-        ("batch/flops_imbalance", "micro-batch FLOPs"),
-        ("batch/dp_flops_imbalance", "DP rank FLOPs"),
-    ):
-        values = [row.get(key) for row in run.metrics]
-        if all(v is not None for v in values):
-            ax.plot(steps, values, "-o", ms=4, label=label)
+    steps: list[int] = []
+    for key, label in IMBALANCE_KEYS:
+        at, values = logged(run.metrics, key)
+        if at:
+            ax.plot(at, values, "-o", ms=4, label=label)
+            steps = sorted({*steps, *at})
     ax.axhline(1.0, color="#888888", ls=":", lw=1, label="perfect balance")
     _step_axis(ax, steps)
     ax.set_xlabel("step")
@@ -240,7 +249,7 @@ def _metric_panel(ax: Axes, run: RunDir, panel: StepPanel) -> None:
     steps, values = logged(run.metrics, panel.key)
     ax.plot(steps, values, "-o", ms=4, color="#2ca02c")
     if panel.from_zero:
-        ax.set_ylim(0, max(values) * 1.1 or 1)
+        ax.set_ylim(0, max((v for v in values if math.isfinite(v)), default=0) * 1.1 or 1)
     _step_axis(ax, steps)
     ax.set_xlabel("step")
     ax.set_ylabel(panel.ylabel)
@@ -249,26 +258,40 @@ def _metric_panel(ax: Axes, run: RunDir, panel: StepPanel) -> None:
 
 def run_figure(run: RunDir, title: str | None = None) -> Figure:
     """One run's figure: tokens against the cap (from schedule.json), counts and imbalance,
-    then one panel per logged metric of STEP_PANELS, two to a row."""
-    metric_panels = step_panels(run.metrics)
+    then one panel per logged metric of STEP_PANELS, two to a row. Before its first step a run
+    gets the count and imbalance panels empty; a panel whose metrics the run's steps do not log
+    (a hand-written metrics.jsonl) is left out, and a run with none of them is our error."""
+    draw: list[Callable[[Axes], None]] = []
+    if not run.metrics or logged(run.metrics, COUNT_KEYS[0])[0]:
+        draw.append(partial(_count_panel, run=run))
+    if not run.metrics or any(logged(run.metrics, key)[0] for key, _ in IMBALANCE_KEYS):
+        draw.append(partial(_imbalance_panel, run=run))
+    draw += [partial(_metric_panel, run=run, panel=panel) for panel in step_panels(run.metrics)]
     tokens = run.schedule is not None and bool(run.schedule.steps)
-    metric_rows = math.ceil(len(metric_panels) / 2)
-    ratios = [1.3] * tokens + [1.0] * (1 + metric_rows)
+    if not draw and not tokens:
+        raise SlimeHydraError(
+            f"{run.path / 'metrics.jsonl'} logs none of the metrics the report plots "
+            f"({', '.join(sorted(plotted_keys()))}) and the run dir has no schedule.json: "
+            "there is nothing to plot."
+        )
+    rows = math.ceil(len(draw) / 2)
+    ratios = [1.3] * tokens + [1.0] * rows
     fig = plt.figure(figsize=(12, 1.2 + 3.3 * sum(ratios)), layout="constrained")
     grid = fig.add_gridspec(len(ratios), 2, height_ratios=ratios)
     if tokens:
         _tokens_panel(fig.add_subplot(grid[0, :]), run)
-    _count_panel(fig.add_subplot(grid[tokens, 0]), run)
-    _imbalance_panel(fig.add_subplot(grid[tokens, 1]), run)
-    for i, panel in enumerate(metric_panels):
-        _metric_panel(fig.add_subplot(grid[tokens + 1 + i // 2, i % 2]), run, panel)
+    for i, panel in enumerate(draw):
+        panel(fig.add_subplot(grid[tokens + i // 2, i % 2]))
     fig.suptitle(wrap_overrides(title or run.name, TITLE_WIDTH), fontsize=12, fontweight="bold")
     return fig
 
 
 def _save(fig: Figure, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    """Write the figure as PNG, complete or absent, never through a link (files.write_file)."""
+    try:
+        write_file(path, lambda f: fig.savefig(f, format="png", dpi=110), path.parent)
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -287,6 +310,8 @@ class SweepPanel:
     floor: float = 0.0
     """Where the bars start (1.0 for an imbalance, whose best value is 1)."""
     integer: bool = False
+    lower: list[float] | None = None
+    """A lower bound per job, drawn as a tick on its bar (the micro-batch count's)."""
 
 
 def sweep_panels(runs: Sequence[RunDir]) -> list[SweepPanel]:
@@ -295,14 +320,16 @@ def sweep_panels(runs: Sequence[RunDir]) -> list[SweepPanel]:
     summaries = [run_summary(run.metrics) for run in runs]
 
     def summary(key: str) -> list[float | None]:
-        return [s.get(key, 0) for s in summaries]
+        return [s.get(key) for s in summaries]
 
+    bounds = summary("num_microbatches_lb_mean")
     panels = [
         SweepPanel(
             "micro-batches per rank per step (mean)",
             "{:.1f}",
             summary("num_microbatches_mean"),
             integer=True,
+            lower=bounds if all(b is not None for b in bounds) else None,
         ),
         SweepPanel(
             "micro-batch token imbalance (mean max/mean)",
@@ -328,16 +355,14 @@ def sweep_panels(runs: Sequence[RunDir]) -> list[SweepPanel]:
         SweepPanel(p.sweep_title, p.fmt, [sweep_value(run.metrics, p) for run in runs])
         for p in step_panels(every_row)
     ]
-    return panels
+    return [panel for panel in panels if any(v is not None for v in panel.values)]
 
 
-def _sweep_panel(
-    ax: Axes, panel: SweepPanel, labels: Sequence[str], failed: int, lower: list | None
-) -> None:
+def _sweep_panel(ax: Axes, panel: SweepPanel, labels: Sequence[str], failed: int) -> None:
     """Horizontal bars, one per job; the last `failed` rows are failed jobs, marked as such."""
     values = panel.values + [None] * failed
     ys = list(range(len(values)))
-    shown = [(y, v) for y, v in zip(ys, values, strict=True) if v is not None]
+    shown = [(y, v) for y, v in zip(ys, values, strict=True) if v is not None and math.isfinite(v)]
     colors = [RANK_COLORS[y % len(RANK_COLORS)] for y, _ in shown]
     if shown:
         bars = ax.barh(
@@ -348,6 +373,7 @@ def _sweep_panel(
             height=0.6,
         )
         ax.bar_label(bars, [panel.fmt.format(v) for _, v in shown], padding=3, fontsize=9)
+    lower = panel.lower
     if lower is not None:
         ax.scatter(lower, ys[: len(lower)], marker="|", s=400, lw=2.5, color=LB_COLOR, zorder=3)
     for y in ys[len(ys) - failed :]:
@@ -379,17 +405,19 @@ def sweep_figure(runs: Sequence[RunDir], title: str, failed: Sequence[FailedJob]
     names = [run.name for run in runs] + [job.name for job in failed]
     labels = [wrap_overrides(label, LABEL_WIDTH) for label in job_labels(names)]
     panels = sweep_panels(runs)
+    if not panels:
+        raise SlimeHydraError(
+            f"no job of sweep {title} logs a metric the report plots "
+            f"({', '.join(sorted(plotted_keys()))}): there is nothing to compare."
+        )
     lines = sum(label.count("\n") + 1 for label in labels)
     row_height = 1.6 + 0.3 * lines + 0.15 * len(labels)
     rows = math.ceil(len(panels) / 2)
     fig, axes = plt.subplots(
         rows, 2, figsize=(13, 0.8 + rows * row_height), layout="constrained", squeeze=False
     )
-    summaries = [run_summary(run.metrics) for run in runs]
-    bounds = [s.get("num_microbatches_lb_mean") for s in summaries]
-    for i, (ax, panel) in enumerate(zip(axes.flat, panels, strict=False)):
-        lower = bounds if i == 0 and all(b is not None for b in bounds) else None
-        _sweep_panel(ax, panel, labels, len(failed), lower)
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        _sweep_panel(ax, panel, labels, len(failed))
     for ax in axes.flat[len(panels) :]:
         ax.set_visible(False)
     heading = f"Sweep {title}: {len(names)} jobs"

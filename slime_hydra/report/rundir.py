@@ -12,7 +12,8 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import parse_json, read_text
 from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import Metrics
-from slime_hydra.log.summary import run_summary
+from slime_hydra.log.summary import SUMMARY, run_summary
+from slime_hydra.report.panels import plotted_keys
 from slime_hydra.rundir import ERROR_FILE, LOCK_FILE, SWEEP_JOBS
 from slime_hydra.schedule import Schedule
 
@@ -26,6 +27,9 @@ __all__ = [
     "run_summary",
     "sweep_jobs",
 ]
+
+ERROR_BYTES = 65536
+"""The most of a failed job's error.txt read for its first line."""
 
 JOB_MARKS = ("metrics.jsonl", ERROR_FILE, LOCK_FILE)
 """Files that make a sweep dir's subdir a job dir: the app takes `.lock` before anything else,
@@ -62,9 +66,23 @@ class RunDir:
 
     @classmethod
     def read(cls, path: Path) -> RunDir:
-        """Read metrics.jsonl and schedule.json of `path`."""
-        rows = rows_done(path / "metrics.jsonl", steps_done=2**63 - 1)
-        return cls(path, [json.loads(line) for line in rows], read_schedule(path))
+        """Read metrics.jsonl and schedule.json of `path`; every metric the report reads must
+        be a number or null."""
+        file = path / "metrics.jsonl"
+        rows = [json.loads(line) for line in rows_done(file, steps_done=2**63 - 1)]
+        keys = plotted_keys() | {key for key, _, _ in SUMMARY}
+        for row in rows:
+            for key in sorted(keys & row.keys()):
+                value = row[key]
+                if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, int | float)
+                ):
+                    raise SlimeHydraError(
+                        f"{file}: step {row['step']} logs {key}={value!r}, not a number, and the "
+                        "report plots numbers only. Set that value to a number or null, or "
+                        "remove the line."
+                    )
+        return cls(path, rows, read_schedule(path))
 
 
 @dataclass(frozen=True)
@@ -91,7 +109,8 @@ class FailedJob:
         if not error_file.is_file():
             note = f"no error.txt: it stopped before logging a step (see the job's log in {path})"
             return cls(path, note)
-        text = error_file.read_bytes().decode(errors="replace")
+        with error_file.open("rb") as f:
+            text = f.read(ERROR_BYTES).decode(errors="replace")  # its first line is enough
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         return cls(path, lines[0] if lines else "error.txt is empty")
 
@@ -107,24 +126,31 @@ def job_ran(path: Path) -> bool:
     return is_run_dir(path) and not (path / ERROR_FILE).is_file()
 
 
-def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> dict[str, bool]:
-    """Job dir (relative to the sweep dir) → whether it succeeded, from the sweep dir's
-    sweep_jobs.jsonl past `offset`, in order of start; a job that started and never ended (its
-    process was killed) failed. A torn or undecodable line (a job killed mid-write) is skipped."""
+def sweep_outcomes(sweep_dir: Path, offset: int = 0) -> list[tuple[str, bool]]:
+    """(job dir relative to the sweep dir, whether it succeeded) of each job that started, from
+    the sweep dir's sweep_jobs.jsonl past `offset`, in order of start; an outcome ends the
+    earliest unended start in its dir (jobs may share one), and a job that started and never
+    ended (its process was killed) failed. A torn or undecodable line (a job killed mid-write)
+    is skipped."""
     path = sweep_dir / SWEEP_JOBS
     if not path.is_file():
-        return {}
+        return []
     with path.open("rb") as f:
         f.seek(offset)
         lines = f.read().splitlines()
-    outcomes: dict[str, bool] = {}
+    outcomes: list[tuple[str, bool]] = []
+    unended: dict[str, list[int]] = {}  # job dir → its starts without an outcome yet
     for line in lines:
         try:
             entry = json.loads(line)
             job = entry["job"]
         except (ValueError, KeyError, TypeError):
             continue
-        outcomes[job] = entry.get("failed") is False
+        if "failed" not in entry:
+            unended.setdefault(job, []).append(len(outcomes))
+            outcomes.append((job, False))
+        elif unended.get(job):
+            outcomes[unended[job].pop(0)] = (job, entry["failed"] is False)
     return outcomes
 
 

@@ -103,11 +103,35 @@ class Schedule:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Schedule:
-        """Read back what `to_json` wrote."""
+        """Read back what `to_json` wrote; ValueError naming the first entry that it could not
+        have written (a hand-edited file): lengths that are not counts, a cap that is not a
+        positive count, a step without DP ranks, a sample index outside the lengths."""
+        lengths, cap = doc["lengths"], doc["cap"]
+        if not isinstance(lengths, list) or not all(_is_count(n) for n in lengths):
+            raise ValueError("lengths must be a list of non-negative integers")
+        if cap is not None and not (_is_count(cap) and cap > 0):
+            raise ValueError(f"cap={cap!r} is not a positive integer or null")
+        for s in doc["steps"]:
+            ranks = s["ranks"]
+            if not _is_count(s["step"]):
+                raise ValueError(f"step={s['step']!r} is not a step number")
+            ok = isinstance(ranks, list) and ranks
+            ok = ok and all(isinstance(rank, list) for rank in ranks)
+            ok = ok and all(isinstance(mb, list) for rank in ranks for mb in rank)
+            if not ok:
+                raise ValueError(f"step {s['step']}: ranks must be a non-empty list of lists")
+            for i in (i for rank in ranks for mb in rank for i in mb):
+                if not (_is_count(i) and i < len(lengths)):
+                    raise ValueError(f"step {s['step']}: sample {i!r} is not an index of lengths")
         return cls(
-            lengths=tuple(doc["lengths"]),
-            cap=doc["cap"],
+            lengths=tuple(lengths),
+            cap=cap,
             steps=tuple(
                 StepSchedule.build(step_index(s["step"]), s["ranks"]) for s in doc["steps"]
             ),
         )
+
+
+def _is_count(value: Any) -> bool:
+    """A non-negative int (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

@@ -4,7 +4,9 @@ traces) from the source, config or trainer check that runs before any worker sta
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import timeit
 from pathlib import Path
@@ -17,13 +19,18 @@ from slime_hydra.config import check_keys, validate
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
+from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import read_text
+from slime_hydra.log.jsonl import rows_done
 from slime_hydra.schedule import ParallelLayout
+from slime_hydra.train.run.checkpoint import latest_step
 from slime_hydra.train.run.checks import check_gpu_count, check_knobs, check_rollout_fits
 from slime_hydra.train.run.plan import check_plan
 from slime_hydra.train.settings import PlanTrainer
+from tests.hf_models import train_tokenizer
 
 # -- jsonl / parquet traces -------------------------------------------------------------------
 
@@ -328,3 +335,98 @@ def test_gpu_count_is_checked_against_the_layout():
     with pytest.raises(SlimeHydraError, match=r"starts 8 workers .* has 2 CUDA GPU"):
         check_gpu_count(ParallelLayout(dp=2, tp=4), 8, 2)
     check_gpu_count(ParallelLayout(dp=2, tp=4), 8, 8)
+
+
+# -- text rollouts: what the tokenizer itself refuses -----------------------------------------
+
+STRICT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}"
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tokenizer")
+    train_tokenizer(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("template", "prompt", "needle"),
+    [
+        (
+            STRICT_TEMPLATE,
+            [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}],
+            "r.jsonl:2: the tokenizer in {tok} cannot encode the prompt (TemplateError: "
+            "Conversation roles must alternate user/assistant/user/assistant/...); fix the "
+            "record, or its chat template, or set data.chat_template=false",
+        ),
+        (
+            "{% for message in messages %}{{ message['content'] }}",
+            "Hi",
+            "r.jsonl:1: the tokenizer in {tok} cannot encode the prompt (TemplateSyntaxError: ",
+        ),
+    ],
+    ids=["raise_exception", "syntax_error"],
+)
+def test_a_prompt_the_chat_template_refuses_names_file_and_line(
+    tmp_path, tokenizer_dir, template, prompt, needle
+):
+    tok = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, tok)
+    (tok / "chat_template.jinja").write_text(template)
+    records = [{"prompt": "Hi", "response": "ok", "reward": 1.0}]
+    records.append({"prompt": prompt, "response": "ok", "reward": 0.0})
+    if isinstance(prompt, str):
+        records.reverse()
+    data = tmp_path / "r.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(SlimeHydraError) as err:
+        TextRollouts(str(data), str(tok)).load()
+    assert needle.format(tok=tok) in str(err.value)
+
+
+# -- files a reader must not read whole: bigger than memory, FIFOs ----------------------------
+
+HUGE = 2**43
+"""A sparse file's size (8 TiB): more memory than any machine these tests run on has."""
+
+
+def sparse(path: Path, size: int = HUGE) -> Path:
+    with path.open("wb") as f:
+        f.truncate(size)
+    return path
+
+
+def test_a_trace_bigger_than_memory_is_refused_before_reading_it(tmp_path):
+    with pytest.raises(SlimeHydraError) as err:
+        JsonlTrace(str(sparse(tmp_path / "t.jsonl"))).load()
+    assert f"data.path {tmp_path / 't.jsonl'} holds {HUGE:,} bytes, more than the " in str(
+        err.value
+    )
+    assert "reading it would be killed for memory" in str(err.value)
+
+
+def test_a_metrics_file_bigger_than_memory_is_refused(tmp_path):
+    with pytest.raises(SlimeHydraError, match=r"the metrics file .* holds 8,796,093,022,208 bytes"):
+        rows_done(sparse(tmp_path / "metrics.jsonl"), steps_done=0)
+
+
+def test_a_huge_latest_file_is_read_no_further_than_a_count(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    sparse(tmp_path / "checkpoints" / "latest")
+    with pytest.raises(SlimeHydraError, match=r"holds '\\x00.*', not a step count"):
+        latest_step(tmp_path)
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    with pytest.raises(SlimeHydraError, match=r"is not a regular file \(a FIFO, device or socket"):
+        read_text(fifo, "the checkpoint's config", "fix it.")

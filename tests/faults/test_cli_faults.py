@@ -128,7 +128,7 @@ def test_a_crafted_checkpoint_is_refused_and_runs_nothing(run_dir):
     assert_untouched(before, run_dir)
 
 
-def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
+def test_a_checkpoint_with_edited_tensors_is_refused_before_launch(run_dir):
     path = run_dir / "checkpoints/step_000002/rank_000.pt"
     state = torch.load(path, weights_only=True)
     state["model"] = {
@@ -136,9 +136,49 @@ def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
         for k, v in state["model"].items()
     }
     torch.save(state, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(
+        out,
+        "rank_000.pt: model/0.decoder.final_layernorm.weight has shape [1], but it was "
+        "saved with shape [128]: the file was edited after it was saved",
+    )
+    assert "Launching" not in text  # refused before any worker started
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused_before_launch(run_dir):
+    """Its tensors and their shape record edited alike: this run's model shapes refuse it."""
+    path = run_dir / "checkpoints/step_000002/rank_001.pt"
+    state = torch.load(path, weights_only=True)
+    key = "0.decoder.layers.1.mlp.linear_fc2.weight"
+    state["model"][key] = state["model"][key][:, :256].clone()
+    state["shapes"][f"model/{key}"] = [128, 256]
+    torch.save(state, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(
+        out,
+        f"rank_001.pt: this run's model gives rank 1 the weight {key} with shape [128, 512] "
+        "(model.hidden_size=128, model.ffn_hidden_size=512, parallel.tp=1), and the file holds "
+        "shape [128, 256]",
+    )
+    assert "Launching" not in text
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
+    """Adam moments of another shape, with their shape record: only the worker's load sees
+    that they do not fit the parameters."""
+    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
+    state["shapes"]["optimizer/state/0/exp_avg"] = [3]
+    torch.save(state, path)
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
     text = refused(out, "training failed on rank 0", "does not fit this rank's model")
     assert "failed on rank 1" not in text
+    assert "caused by a ." not in text and "pair.cc" not in text  # rank 1's message in full
 
 
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
@@ -217,3 +257,67 @@ def test_a_run_that_fails_before_its_first_step_leaves_the_dir_to_a_fixed_rerun(
     again = cli(f"hydra.run.dir={tmp_path}", *SMALL, "trainer.max_steps=1")
     assert again.returncode == 0, (again.stdout + again.stderr)[-4000:]
     assert steps(tmp_path) == [1]
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [("../escape", "'../escape'"), ("logs/job", "'logs/job'"), ("n" * 300, "'nnnnn")],
+    ids=["parent", "subdir", "too_long"],
+)
+def test_a_job_name_that_is_no_plain_file_name_is_refused_before_any_log(tmp_path, name, shown):
+    """hydra.job.name names <run dir>/<name>.log: '../escape' wrote tmp_path/escape.log,
+    outside the run dir, and 'logs/job' was logging's traceback."""
+    run_dir = tmp_path / "run"
+    out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}", f"hydra.job.name={name}")
+    refused(out, f"hydra.job.name={shown}", "must be a plain file name", "Drop the override")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the run dir nor a log
+
+
+def test_hydra_writing_its_snapshot_itself_is_refused_and_changes_nothing(tmp_path):
+    """hydra.output_subdir=.hydra: Hydra rewrote .hydra/ before the dir refused the run."""
+    assert cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}").returncode == 0
+    before = snapshot(tmp_path)
+    out = cli(
+        "trainer=plan", "logger=jsonl", f"hydra.run.dir={tmp_path}", "hydra.output_subdir=.hydra"
+    )
+    refused(out, "hydra.output_subdir='.hydra': Hydra would write its config snapshot there")
+    assert_untouched(before, tmp_path)
+
+
+def as_unprivileged() -> list[str]:
+    """A command prefix under which file permissions apply: root keeps its uid (and so can run
+    the venv in /root) but loses the capabilities that bypass them."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: permissions cannot be made to apply")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+@pytest.mark.parametrize(
+    ("key", "where"),
+    [("hydra.run.dir", "ro"), ("hydra.run.dir", "ro/run"), ("hydra.sweep.dir", "ro")],
+)
+def test_a_read_only_run_dir_is_one_paragraph(tmp_path, key, where):
+    (tmp_path / "ro").mkdir(mode=0o500)
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [*as_unprivileged(), sys.executable, "-W", "ignore", "-m", "slime_hydra"]
+    cmd += ["-m"] * (key == "hydra.sweep.dir") + ["trainer=plan", "logger=jsonl", "seed=1"]
+    out = subprocess.run(
+        [*cmd, f"{key}={tmp_path / where}"], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    refused(out, f"{key}={tmp_path / where} cannot be a run dir: this user may not create or write")
+    assert os.listdir(tmp_path / "ro") == []
+
+
+def test_a_report_into_a_read_only_run_dir_names_out(tmp_path):
+    run = tmp_path / "run"
+    assert cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run}").returncode == 0
+    run.chmod(0o500)
+    cmd = [*as_unprivileged(), sys.executable, "-W", "ignore", "-m", "slime_hydra.report", str(run)]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert f"the report of {run} cannot be written to {run / 'report'}: Permission denied" in (
+        out.stderr
+    )
+    assert "Pass --out DIR to write it elsewhere." in out.stderr

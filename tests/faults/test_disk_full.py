@@ -15,9 +15,11 @@ import pytest
 
 from slime_hydra import files
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import write_files
+from slime_hydra.files import write_dir, write_files
+from tests.hf_models import make_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
+HF_WORKER = REPO / "tests/integration/_hf_worker.py"
 FREE_KB = 12
 """Room left on the tmpfs: the lock, the log and config.yaml fit, schedule.json does not."""
 
@@ -96,3 +98,53 @@ def test_enospc_wrapped_by_torch_save_is_a_full_disk(tmp_path, monkeypatch) -> N
     with pytest.raises(SlimeHydraError, match="no space left on the device of"):
         files.write_file(tmp_path / "rank_000.pt", save, tmp_path)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_dir_written_whole_on_a_full_disk_keeps_the_old_one(full_disk: Path) -> None:
+    old = full_disk / "hf"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"the previous export")
+
+    def fill(stage: Path) -> None:
+        (stage / "model.safetensors").write_bytes(b"\1" * (FREE_KB + 4) * 1024)
+
+    with pytest.raises(SlimeHydraError) as err:
+        write_dir(old, fill, full_disk)
+    assert str(err.value).startswith(f"no space left on the device of {old}: nothing of this")
+    assert sorted(os.listdir(full_disk)) == ["filler", "hf"]  # no staging dir left
+    assert (old / "model.safetensors").read_bytes() == b"the previous export"
+
+
+@pytest.mark.integration
+def test_an_hf_export_on_a_full_disk_keeps_the_previous_export_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """The real export (mbridge, safetensors) of a tiny Qwen2 model onto a tmpfs with room for
+    the worker's logits (45 KB) and not for the weights (382 KB)."""
+    ckpt = make_checkpoint(tmp_path / "qwen", tied=True)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        (mnt / "filler").write_bytes(b"\0" * (1024 - 128) * 1024)
+        out = mnt / "out"
+        (out / "export_0").mkdir(parents=True)
+        (out / "export_0" / "model.safetensors").write_bytes(b"the previous export")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-W", "ignore", "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc-per-node=1", str(HF_WORKER), str(out), "1", "1", "1", "1", "load"]
+        proc = subprocess.run(
+            [*cmd, str(ckpt)], env=env, capture_output=True, text=True, timeout=600
+        )
+        text = proc.stdout + proc.stderr
+        assert proc.returncode != 0, text[-4000:]
+        assert f"no space left on the device of {out / 'export_0'}: nothing of this" in text
+        assert sorted(os.listdir(out)) == ["export_0", "logits_0.pt"]  # no staging dir left
+        assert os.listdir(out / "export_0") == ["model.safetensors"]
+        assert (out / "export_0" / "model.safetensors").read_bytes() == b"the previous export"
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)

@@ -23,6 +23,7 @@ from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.run import checkpoint
 from slime_hydra.train.run.launch import failure_report, recorded_failures
 from slime_hydra.train.run.loop import step_skipped
+from slime_hydra.train.step.shapes import weight_shapes
 from tests.faults.rundir import assert_untouched, snapshot
 
 CONFIG = {
@@ -136,13 +137,29 @@ def test_a_damaged_metrics_line_before_the_last_is_named(tmp_path):
 
 
 DIMS = ModelDims("t", 2, 8, 16, 2, 2, 32, 64)
-IDENT = checkpoint.identity(ParallelLayout(dp=2), DIMS)
+LAYOUT = ParallelLayout(dp=2)
+IDENT = checkpoint.identity(LAYOUT, DIMS)
+
+
+def megatron_shaped(dims: ModelDims, layout: ParallelLayout, rank: int) -> torch.nn.ModuleList:
+    """Modules whose state_dict has the keys and shapes of `rank`'s model chunks."""
+    chunks = torch.nn.ModuleList(torch.nn.Module() for _ in range(layout.vpp))
+    for key, shape in weight_shapes(dims, layout, rank).items():
+        chunk, *parts, leaf = key.split(".")
+        at = chunks[int(chunk)]
+        for part in parts:
+            if not hasattr(at, part):
+                at.add_module(part, torch.nn.Module())
+            at = getattr(at, part)
+        at.register_parameter(leaf, torch.nn.Parameter(torch.randn(shape)))
+    return chunks
 
 
 def saved(run_dir: Path, world: int = 2, digest: str = "d") -> torch.nn.Module:
-    model = torch.nn.Linear(3, 2)
+    model = megatron_shaped(DIMS, LAYOUT, 0)
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
-    model(torch.ones(1, 3)).sum().backward()
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
     opt.step()
     for rank in range(world):
         checkpoint.save(run_dir, 2, rank, model, opt, digest, IDENT, {"skipped_steps": 1})
@@ -150,14 +167,20 @@ def saved(run_dir: Path, world: int = 2, digest: str = "d") -> torch.nn.Module:
     return model
 
 
+def fresh_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    fresh = megatron_shaped(DIMS, LAYOUT, 1)
+    return fresh, torch.optim.AdamW(fresh.parameters(), lr=0.5)
+
+
 def test_checkpoints_round_trip_weights_only_and_keep_the_new_lr(tmp_path):
     model = saved(tmp_path)
-    assert checkpoint.verify(tmp_path, 2, "d", IDENT) == 2
-    fresh = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(fresh.parameters(), lr=0.5)
+    assert checkpoint.verify(tmp_path, "d", LAYOUT, DIMS) == 2
+    fresh, opt = fresh_optimizer()
     steps, counters = checkpoint.load(tmp_path, 1, fresh, opt, "d", IDENT)
     assert (steps, counters) == (2, {"skipped_steps": 1})
-    assert torch.equal(fresh.weight, model.weight)
+    assert all(
+        torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters(), strict=True)
+    )
     assert opt.param_groups[0]["lr"] == 0.5  # the resumed config's lr applies
     assert opt.state_dict()["state"][0]["step"] == 1  # the moments are the checkpoint's
 
@@ -169,9 +192,39 @@ def test_optimizer_state_objects_are_taken_from_the_fresh_optimizer():
     assert dropped == [("param_groups", 0, "cfg")] and "cfg" not in kept["param_groups"][0]
 
 
+def test_optimizer_moments_of_another_shape_are_refused_on_load(tmp_path):
+    """Moments edited with their shape record: the record holds, the worker's load refuses."""
+    saved(tmp_path)
+    path = checkpoint.rank_file(tmp_path, 2, 1)
+    state = torch.load(path, weights_only=True)
+    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
+    state["shapes"]["optimizer/state/0/exp_avg"] = [3]
+    torch.save(state, path)
+    assert checkpoint.verify(tmp_path, "d", LAYOUT, DIMS) == 2
+    with pytest.raises(SlimeHydraError, match=r"does not fit this rank's model: the optimizer's "):
+        checkpoint.load(tmp_path, 1, *fresh_optimizer(), "d", IDENT)
+
+
 class RunsCode:
     def __reduce__(self):
         return (os.system, ("touch /tmp/slime_hydra_ckpt_pwned",))
+
+
+def edit(path: Path, change) -> None:
+    """Load a rank file, let `change` edit its state, save it back."""
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, path)
+
+
+QKV = "0.decoder.layers.1.self_attention.linear_qkv.weight"
+
+
+def narrowed(state: dict, record: bool) -> None:
+    """The rank's qkv weight cut to half its columns; with `record`, its shape record too."""
+    state["model"][QKV] = state["model"][QKV][:, :4].clone()
+    if record:
+        state["shapes"][f"model/{QKV}"] = [24, 4]
 
 
 @pytest.mark.parametrize(
@@ -187,6 +240,20 @@ class RunsCode:
         ("swapped_ranks", "rank_000.pt was saved by rank 1, not rank 0: the rank files were"),
         ("other_layout", "parallel config: parallel.dp: 2 saved, 1 now, parallel.tp: 1 saved, 2"),
         ("other_model", "another model config: model.ffn_hidden_size: 16 saved, 32 now"),
+        ("format_3", "rank_001.pt is a checkpoint of format 3, and this version of slime_hydra"),
+        (
+            "format_2",
+            "format 2, and this version of slime_hydra reads format 4 only (it records no rank",
+        ),
+        ("edited_tensor", f"rank_001.pt: model/{QKV} has shape [24, 4], but it was saved with "),
+        ("dropped_tensor", f"rank_001.pt: model/{QKV} is missing, but it was saved with shape"),
+        (
+            "edited_tensor_and_record",
+            f"gives rank 1 the weight {QKV} with shape [24, 8] (model.hidden_size=8, "
+            "model.num_attention_heads=2, model.num_query_groups=2, model.kv_channels=None, "
+            "parallel.tp=1), and the file holds shape [24, 4]",
+        ),
+        ("other_normalization", "input_layernorm.bias with shape [8] (model.hidden_size=8, model"),
     ],
 )
 def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, damage, needle):
@@ -212,15 +279,24 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
         rank1.write_bytes(data0)
     elif damage == "other_schedule":
         digest = "other"
-    ident = {
-        "other_layout": checkpoint.identity(ParallelLayout(tp=2), DIMS),
-        "other_model": checkpoint.identity(
-            ParallelLayout(dp=2), dataclasses.replace(DIMS, ffn_hidden_size=32)
-        ),
-    }.get(damage, IDENT)
+    elif damage == "format_3":
+        edit(rank1, lambda state: state.update(format=3) or state.pop("shapes"))
+    elif damage == "format_2":
+        edit(rank1, lambda state: state.update(format=2) or state.pop("rank"))
+    elif damage == "edited_tensor":
+        edit(rank1, lambda state: narrowed(state, record=False))
+    elif damage == "dropped_tensor":
+        edit(rank1, lambda state: state["model"].pop(QKV))
+    elif damage == "edited_tensor_and_record":
+        edit(rank1, lambda state: narrowed(state, record=True))
+    layout, dims = {
+        "other_layout": (ParallelLayout(tp=2), DIMS),
+        "other_model": (LAYOUT, dataclasses.replace(DIMS, ffn_hidden_size=32)),
+        "other_normalization": (LAYOUT, dataclasses.replace(DIMS, normalization="LayerNorm")),
+    }.get(damage, (LAYOUT, DIMS))
     before = snapshot(tmp_path)
     with pytest.raises(SlimeHydraError) as err:
-        checkpoint.verify(tmp_path, 2, digest, ident)
+        checkpoint.verify(tmp_path, digest, layout, dims)
     assert needle in str(err.value)
     assert not Path("/tmp/slime_hydra_ckpt_pwned").exists()
     assert_untouched(before, tmp_path)
@@ -286,6 +362,32 @@ def test_the_failure_is_reported_from_the_rank_where_it_happened(tmp_path):
     report = failure_report(failures)
     assert report.startswith("training failed on rank 0 (exit code 1): rank_000.pt does not fit")
     assert "rank 1: RuntimeError: [gloo] Connection closed by peer" in report
+
+
+GLOO_LOST = (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+    "Connection closed by peer [127.0.0.1]:55976. This is typically caused by a remote worker "
+    "crashing."
+)
+
+
+def test_a_peers_long_message_is_quoted_whole_sentences_without_source_places(tmp_path):
+    failures = {
+        0: failure(tmp_path, 0, "SlimeHydraError: rank_000.pt does not fit", ts=1),
+        1: failure(tmp_path, 1, GLOO_LOST, ts=2),
+        2: failure(tmp_path, 2, "RuntimeError: " + "word " * 60, ts=3),
+        3: failure(tmp_path, 3, "RuntimeError: First. " + "Second sentence is long. " * 9, ts=4),
+    }
+    report = failure_report(failures)
+    assert report.endswith(
+        "Then: rank 1: RuntimeError: Connection closed by peer [127.0.0.1]:55976. This is "
+        "typically caused by a remote worker crashing; rank 2: RuntimeError: "
+        + "word " * 28
+        + "word …; rank 3: RuntimeError: First. "
+        + "Second sentence is long. " * 4
+        + "Second sentence is long."
+    ), report
+    assert "pair.cc" not in report and "caused by a ." not in report
 
 
 def test_a_killed_rank_is_the_cause_when_the_others_only_lost_it(tmp_path):

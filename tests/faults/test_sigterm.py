@@ -145,3 +145,25 @@ def test_a_sigterm_inside_a_log_handler_still_stops_the_rank() -> None:
     )
     assert out.returncode == 7, out.stderr
     assert "Logging error" not in out.stderr
+
+
+def test_ctrl_c_in_a_plan_run_says_what_it_logged_and_that_it_cannot_resume(tmp_path: Path):
+    """A plan run saves no checkpoint: the line said 'keeps its last checkpoint; continue it with
+    trainer.resume=true', which plan mode does not even accept."""
+    code, text = stop_when(
+        "step  mbs",
+        signal.SIGINT,
+        "trainer=plan",
+        "logger=jsonl",
+        "data.num_prompts=20000",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert code == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    logged = len((tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert (
+        f"stopped by SIGINT: the run in {tmp_path} logged {logged} step(s) to metrics.jsonl and "
+        "saved no checkpoint"
+    ) in text
+    assert "so it cannot be resumed: rerun it with a new hydra.run.dir." in text
+    assert "trainer.resume=true" not in text

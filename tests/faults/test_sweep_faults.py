@@ -42,3 +42,69 @@ def test_a_job_raising_a_foreign_exception_fails_alone(tmp_path, launcher):
     assert line == f"sweep: 3 jobs, 1 failed (see {bad / 'error.txt'})"
     good = [p for p in tmp_path.iterdir() if p.name[:2] in ("0_", "2_")]
     assert len(good) == 2 and all((p / "metrics.jsonl").is_file() for p in good)
+
+
+@pytest.mark.parametrize("launcher", ["basic", "local_parallel"])
+def test_a_swept_value_too_long_for_a_dir_name_is_refused_before_any_job(tmp_path, launcher):
+    """hydra.sweep.subdir names each job's dir after its overrides: a 300-character value makes
+    a name over the file system's 255 bytes, where Hydra's mkdir would raise in the launcher."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep(f"hydra/launcher={launcher}", f"model.name={'a' * 300},tiny", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-4000:]
+    assert "Traceback" not in text, text[-4000:]
+    assert f"job 0 of this sweep would run in {sweep}/0_" in text
+    assert "a name of 339 bytes where the file system allows 255" in text
+    assert "hydra.sweep.subdir='${hydra.job.num}'" in text
+    assert sorted(p.name for p in sweep.iterdir()) == []  # no job ran, not even the short one
+
+
+def test_job_dirs_by_number_take_the_long_value(tmp_path):
+    """The fix the refusal names: the same sweep with job dirs named by number runs."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep(f"model.name={'a' * 300},tiny", "hydra.sweep.subdir=${hydra.job.num}", sweep)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert out.stdout.splitlines()[-1] == f"sweep: 2 jobs, 0 failed ({sweep})"
+
+
+def test_a_job_path_too_long_for_the_file_system_is_refused(tmp_path):
+    """Names each within the limit, but 20 levels of 250 bytes exceed PATH_MAX (4096)."""
+    sweep = tmp_path / "sweep"
+    subdir = "/".join(["${hydra.job.num}" + "b" * 249] * 20)
+    out = run_sweep("seed=1,2", f"hydra.sweep.subdir={subdir}", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert "job 0 of this sweep would run in " in text and "where it allows 4095" in text
+
+
+@pytest.mark.parametrize(
+    ("subdir", "needle"),
+    [
+        ("same", "jobs 0 and 1 of this sweep would both run in {sweep}/same: "),
+        (".", "jobs 0 and 1 of this sweep would both run in {sweep}: "),
+        ("../escape", "job 0 of this sweep would run in {tmp}/escape, outside hydra.sweep.dir"),
+    ],
+    ids=["shared", "the_sweep_dir", "outside"],
+)
+def test_job_dirs_that_are_not_one_per_job_below_the_sweep_dir_are_refused(
+    tmp_path, subdir, needle
+):
+    """A fixed subdir gave 'sweep: 1 jobs, 1 failed' for three jobs, each after the first
+    refused in the first's dir; '..' ran the jobs outside the sweep dir."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep("seed=1,2,3", f"hydra.sweep.subdir={subdir}", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert needle.format(sweep=sweep, tmp=tmp_path) in text, text[-4000:]
+    assert "hydra.sweep.subdir='${hydra.job.num}'" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    assert list(sweep.iterdir()) == []
+
+
+def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
+    """A plan-mode sweep; a Path is the sweep dir."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    args = [f"hydra.sweep.dir={o}" if isinstance(o, Path) else o for o in overrides]
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "-m", "trainer=plan", *args]
+    cmd.append("logger=jsonl")
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

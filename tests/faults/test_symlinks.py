@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import check_inside, open_append, write_file, write_files
+from slime_hydra.files import check_inside, open_append, write_dir, write_file, write_files
 from tests.faults.rundir import snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,3 +91,44 @@ def test_appending_never_follows_a_link(tmp_path, outside):
     with pytest.raises(SlimeHydraError, match=r"metrics\.jsonl is a symlink"):
         open_append(tmp_path / "metrics.jsonl", tmp_path)
     assert (outside / "metrics").read_text() == "the user's metrics file\n"
+
+
+def test_a_dir_written_whole_never_replaces_a_linked_dir(tmp_path, outside):
+    """An HF export's dir planted as a link: refused, the link and its target as they were."""
+    (tmp_path / "hf").symlink_to(outside / "dir")
+    before = snapshot(outside)
+    with pytest.raises(SlimeHydraError, match=r"/hf is a symlink"):
+        write_dir(
+            tmp_path / "hf", lambda stage: (stage / "model.safetensors").write_bytes(b"w"), tmp_path
+        )
+    assert snapshot(outside) == before and (tmp_path / "hf").is_symlink()
+    assert sorted(os.listdir(tmp_path)) == ["hf", "outside"]  # no staging dir left
+
+
+def test_a_dir_written_whole_replaces_the_old_one_entirely(tmp_path):
+    old = tmp_path / "hf"
+    old.mkdir()
+    (old / "model-00002-of-00002.safetensors").write_bytes(b"an earlier export's shard")
+    write_dir(old, lambda stage: (stage / "model.safetensors").write_bytes(b"new"), tmp_path)
+    assert os.listdir(old) == ["model.safetensors"]
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
+SWEEP_PLANTS = {"multirun.yaml": "config", "sweep_jobs.jsonl": "metrics", "0_seed=1": "dir"}
+"""What a sweep writes in its dir (Hydra's multirun.yaml, the jobs' lines, a job's dir)."""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry", sorted(SWEEP_PLANTS))
+def test_a_sweep_into_a_dir_with_a_planted_link_is_refused_before_any_job(tmp_path, outside, entry):
+    """Hydra wrote multirun.yaml through a planted link, outside the sweep dir (rc 0)."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / entry).symlink_to(outside / SWEEP_PLANTS[entry])
+    before = snapshot(outside)
+    out = cli("-m", "trainer=plan", "logger=jsonl", "seed=1,2", f"hydra.sweep.dir={sweep}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert f"{sweep / entry} is a symlink" in text and "pass a new hydra.sweep.dir" in text
+    assert snapshot(outside) == before
+    assert os.listdir(sweep) == [entry]

@@ -5,7 +5,8 @@ Usage: torchrun --nproc-per-node N _engine_worker.py OUT_DIR LAYERS CAP DP TP PP
 The reference computes the same values without the engine: one sample at a time, a plain
 backward, a hand-written clipped AdamW step.
 Each rank writes OUT_DIR/rank_R.pt: its gradient shards by global parameter name, the
-micro-batch counts, and the train/* values of two optimizer steps.
+micro-batch counts, the train/* values of two optimizer steps, and the shapes of the engine's
+state_dict (what a checkpoint saves) beside those train/step/shapes.py expects.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from slime_hydra.train.step import cpu_shim
 from slime_hydra.train.step.engine import TENSORS, MegatronEngine, PolicyLoss
 from slime_hydra.train.step.model import build_model_chunks, global_name
 from slime_hydra.train.step.optimizer import OptimizerSettings, no_weight_decay
+from slime_hydra.train.step.shapes import weight_shapes
 
 REPO = Path(__file__).resolve().parents[2]
 SEED = 1234
@@ -96,6 +98,12 @@ def engine_run(out_dir: Path, layout: ParallelLayout, num_layers: int, cap: int)
             "cp_rank": parallel_state.get_context_parallel_rank(),
             "num_microbatches": [st.num_microbatches for st in schedule.steps],
             "grads": [],
+            "weight_shapes": {
+                k: tuple(v.shape)
+                for k, v in engine.model.state_dict().items()
+                if isinstance(v, torch.Tensor)
+            },
+            "expected_shapes": weight_shapes(model_dims, layout, dist.get_rank()),
         }
         for step in range(len(schedule.steps)):
             engine.forward_backward(microbatches(step))

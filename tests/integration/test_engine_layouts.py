@@ -77,6 +77,8 @@ def test_layout_trains_like_the_single_process_reference(
         tmp_path / "out", dp * tp * pp * cp, *map(str, (layers, cap, dp, tp, pp, vpp, g, cp))
     )
     reference = references[layers]
+    for rank, saved in enumerate(ranks):  # what a resume checks a checkpoint against
+        assert saved["weight_shapes"] == saved["expected_shapes"], rank
     counts = ranks[0]["num_microbatches"]
     assert len(set(counts)) == 2, f"the steps' micro-batch counts should differ: {counts}"
     if vpp > 1:

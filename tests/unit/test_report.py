@@ -419,6 +419,21 @@ def test_the_sweep_line_counts_outcomes_not_files_and_only_this_sweeps_jobs(tmp_
     )
 
 
+def test_jobs_sharing_a_dir_are_each_counted(tmp_path) -> None:
+    """A sweeper that is not the basic one (whose shared dirs are refused before any job) with
+    a fixed hydra.sweep.subdir: one job ran, one was refused there, one was killed there; and
+    two jobs ran side by side in another dir, their lines interleaved."""
+    same = make_run(tmp_path / "same")
+    for failed in (False, True, None):
+        ended(tmp_path, same, failed)
+    other = tmp_path / "other"
+    note_sweep_job(tmp_path, other, None)
+    note_sweep_job(tmp_path, other, None)
+    note_sweep_job(tmp_path, other, True)
+    note_sweep_job(tmp_path, other, False)
+    assert sweep_line(tmp_path) == f"sweep: 5 jobs, 3 failed (see {same}, {other})"
+
+
 def test_the_callback_prints_the_line_for_this_sweep_and_keeps_an_earlier_multirun_yaml(
     tmp_path: Path, capsys
 ) -> None:

@@ -1,9 +1,11 @@
 """Checkpoints in <run dir>/checkpoints: one file per rank per saved step, and `latest`.
 
 `step_NNNNNN/rank_RRR.pt` holds that rank's model and optimizer state, its RNG state, the
-number of steps done (NNNNNN), a digest of the schedule, the loop's counters and its identity:
-the rank, the parallel layout and the model's dims, so that a resume refuses a file of another
-rank (two rank files swapped), layout or model before any worker starts. `latest` names
+number of steps done (NNNNNN), a digest of the schedule, the loop's counters, its identity (the
+rank, the parallel layout and the model's dims) and the shape of every tensor it holds. Before
+any worker starts, a resume refuses a file of another rank (two rank files swapped), layout or
+model, and one whose tensors differ from the shapes it recorded (edited after saving) or from
+the shapes this run's model gives that rank (train/step/shapes.py). `latest` names
 the last step all ranks finished saving, so a worker killed mid-save leaves the previous
 checkpoint in force.
 
@@ -30,10 +32,18 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import make_dirs, parse_count, write_file
 from slime_hydra.schedule import ParallelLayout, Schedule
 from slime_hydra.schedule.cost import ModelDims
+from slime_hydra.train.step.shapes import fixed_by, weight_shapes
 
-FORMAT = 3
+FORMAT = 4
 """Bumped when the file layout changes; version 1 files were full pickles (not loadable),
-version 2 files lack the identity (rank, layout, model) that version 3 records."""
+version 2 files lack the identity (rank, layout, model) that version 3 records, and version 3
+files lack the tensor shapes that version 4 records."""
+
+OLD_FORMATS = {
+    2: "it records no rank, layout or model",
+    3: "it records no tensor shapes",
+}
+"""What a file of an older format lacks, so that a resume cannot check it before launch."""
 
 IDENTITY_DIMS = (
     "num_layers",
@@ -80,7 +90,11 @@ def latest_step(run_dir: Path) -> int | None:
     path = checkpoint_root(run_dir) / "latest"
     if not path.exists():
         return None
-    data = path.read_bytes()[:64] if path.is_file() else b"(not a file)"
+    if path.is_file():
+        with path.open("rb") as f:
+            data = f.read(64)  # a count is a few digits: never the whole of a damaged file
+    else:
+        data = b"(not a file)"
     text = data.decode(errors="replace").strip()
     count = parse_count(text)
     if count is None or count < 1:
@@ -122,6 +136,18 @@ def plain(obj: Any, where: Path_ = (), dropped: list[Path_] | None = None) -> An
 
 
 _DROPPED = object()
+
+
+def tensor_shapes(obj: Any, where: str = "") -> dict[str, list[int]]:
+    """{"model/<key>" or "optimizer/state/<i>/<name>": shape} of every tensor in `obj`."""
+    if isinstance(obj, torch.Tensor):
+        return {where: list(obj.shape)}
+    if not isinstance(obj, Mapping | list | tuple):
+        return {}
+    out: dict[str, list[int]] = {}
+    for key, value in obj.items() if isinstance(obj, Mapping) else enumerate(obj):
+        out |= tensor_shapes(value, f"{where}/{key}" if where else str(key))
+    return out
 
 
 def _get(obj: Any, where: Path_) -> Any:
@@ -169,6 +195,7 @@ def save(
         "python_rng": random.getstate(),
         "dropped": [list(p) for p in dropped],
     }
+    state["shapes"] = tensor_shapes({"model": weights, "optimizer": state["optimizer"]})
     write_file(path, lambda f: torch.save(state, f), run_dir)
 
 
@@ -217,15 +244,19 @@ def read(path: Path, mmap: bool = False) -> dict[str, Any]:
 def _check_identity(path: Path, state: Mapping[str, Any], rank: int, ident: Mapping) -> None:
     """The rank file at `path` was saved by `rank` of this layout and model."""
     fix = "resume with the parallel.* and model config that saved it, or start a new run dir."
-    if "rank" not in state:
+    found = state.get("format")
+    if found != FORMAT:
+        known = isinstance(found, int) and found in OLD_FORMATS
+        lacks = OLD_FORMATS[found] if known else "a format this version does not know"
         raise SlimeHydraError(
-            f"{path} records no rank, layout or model (an older checkpoint format, "
-            f"{state.get('format')!r}; this one writes {FORMAT}), so a resume cannot check it "
-            "belongs to this rank; start a new run dir."
+            f"{path} is a checkpoint of format {found!r}, and this version of slime_hydra reads "
+            f"format {FORMAT} only ({lacks}), so a resume cannot check that it fits this run "
+            "before launch. Resume it with the slime_hydra version that saved it, or start a new "
+            "run dir."
         )
-    if state["rank"] != rank:
+    if state.get("rank") != rank:
         raise SlimeHydraError(
-            f"{path} was saved by rank {state['rank']!r}, not rank {rank}: the rank files were "
+            f"{path} was saved by rank {state.get('rank')!r}, not rank {rank}: the rank files were "
             "swapped or copied between ranks, and training on it would give this rank another "
             "rank's shards. Put each rank's file back under its own name, or start a new run dir."
         )
@@ -243,15 +274,67 @@ def _check_identity(path: Path, state: Mapping[str, Any], rank: int, ident: Mapp
             raise SlimeHydraError(f"{path} was saved by another {group} config: {names}; " + fix)
 
 
-def verify(run_dir: Path, world_size: int, digest: str, ident: Mapping[str, Any]) -> int | None:
+def _check_shapes(
+    path: Path,
+    state: Mapping[str, Any],
+    rank: int,
+    layout: ParallelLayout,
+    dims: ModelDims,
+    fused_norms: bool,
+) -> None:
+    """Every tensor of the rank file at `path` has the shape it was saved with, and every weight
+    the shape this run's model gives `rank` (train/step/shapes.py)."""
+    fix = "Point latest at an earlier complete step, or start a new run dir."
+    recorded = state.get("shapes")
+    recorded = recorded if isinstance(recorded, Mapping) else {}
+    actual = tensor_shapes({"model": state["model"], "optimizer": state["optimizer"]})
+    for name in sorted(set(recorded) | set(actual)):
+        saved, found = recorded.get(name), actual.get(name)
+        if saved == found:
+            continue
+        what = "is missing" if found is None else f"has shape {found}"
+        was = "was not saved" if saved is None else f"was saved with shape {saved}"
+        raise SlimeHydraError(
+            f"{path}: {name} {what}, but it {was}: the file was edited after it was saved, "
+            "and training on it would fail in the workers or train a changed model. " + fix
+        )
+    for key, want in weight_shapes(dims, layout, rank, fused_norms).items():
+        found = actual.get(f"model/{key}")
+        if found == list(want):
+            continue
+        setting = ", ".join(f"{k}={_setting(k, layout, dims)}" for k in fixed_by(key))
+        what = "lacks it" if found is None else f"holds shape {found}"
+        raise SlimeHydraError(
+            f"{path}: this run's model gives rank {rank} the weight {key} with shape "
+            f"{list(want)} ({setting}), and the file {what}: it holds another model's weights. "
+            "Resume with the model.* and parallel.* config that saved it (the run dir's "
+            "config.yaml), or start a new run dir."
+        )
+
+
+def _setting(key: str, layout: ParallelLayout, dims: ModelDims) -> Any:
+    """The value of a `model.*` or `parallel.*` key in this run."""
+    group, name = key.split(".")
+    return getattr(dims if group == "model" else layout, name)
+
+
+def verify(
+    run_dir: Path,
+    digest: str,
+    layout: ParallelLayout,
+    dims: ModelDims,
+    fused_norms: bool = False,
+) -> int | None:
     """Check, before any worker starts, that the latest checkpoint is whole and matches: `latest`
-    is a step count, every rank's file loads (weights only, memory-mapped) and was saved by that
-    rank of this layout and model after that many steps of this schedule. Returns the steps
-    done (None: no checkpoint)."""
+    is a step count, every rank's file loads (weights only, memory-mapped), was saved by that
+    rank of this layout and model after that many steps of this schedule, and holds the tensor
+    shapes it recorded and this run's model gives the rank (`fused_norms`: Transformer Engine's
+    layers). Returns the steps done (None: no checkpoint)."""
     steps_done = latest_step(run_dir)
     if steps_done is None:
         return None
-    for rank in range(world_size):
+    ident = identity(layout, dims)
+    for rank in range(layout.world_size):
         path = rank_file(run_dir, steps_done, rank)
         state = read(path, mmap=True)
         if state["steps_done"] != steps_done:
@@ -266,6 +349,7 @@ def verify(run_dir: Path, world_size: int, digest: str, ident: Mapping[str, Any]
                 "with the same data, batching and parallel config (the run dir's config.yaml)."
             )
         _check_identity(path, state, rank, ident)
+        _check_shapes(path, state, rank, layout, dims, fused_norms)
         del state
     return steps_done
 
@@ -281,6 +365,22 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) ->
         chunk.load_state_dict(
             {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
         )
+
+
+def _check_moments(path: Path, optimizer: Any) -> None:
+    """Each parameter's loaded optimizer state (Adam's moments) has the parameter's shape."""
+    from slime_hydra.train.step.optimizer import torch_optimizers
+
+    for inner in torch_optimizers(optimizer):
+        for i, param in enumerate(p for group in inner.param_groups for p in group["params"]):
+            for name, value in inner.state.get(param, {}).items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                    raise SlimeHydraError(
+                        f"{path} does not fit this rank's model: the optimizer's {name} of "
+                        f"parameter {i} has shape {list(value.shape)}, the parameter "
+                        f"{list(param.shape)}. Resume with the model and parallel config that "
+                        "saved it, or start a new run dir."
+                    )
 
 
 def load(
@@ -320,7 +420,14 @@ def load(
         fresh = optimizer.state_dict()
         for where in state["dropped"]:
             _put(optimizer_state, tuple(where), _get(fresh, tuple(where)))
-    optimizer.load_state_dict(optimizer_state)
+    try:
+        optimizer.load_state_dict(optimizer_state)
+    except (ValueError, KeyError, RuntimeError) as exc:
+        raise SlimeHydraError(
+            f"{path} does not fit this rank's optimizer: {str(exc).strip()[:300]}. Resume with "
+            "the model and parallel config that saved it, or start a new run dir."
+        ) from None
+    _check_moments(path, optimizer)
     for group, values in zip(optimizer.param_groups, configured, strict=False):
         group.update(values)
     torch.set_rng_state(state["torch_rng"])

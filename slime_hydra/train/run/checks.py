@@ -59,18 +59,18 @@ def check_training(trainer: CpuTrainer, job: Job) -> None:
 
 
 def check_resume(trainer: CpuTrainer, job: Job) -> None:
-    """The latest checkpoint must be whole (every rank's file loads, weights only) and belong to
-    this schedule; on a plain resume there must be one."""
-    from slime_hydra.train.run.checkpoint import (
-        checkpoint_root,
-        identity,
-        schedule_digest,
-        verify,
-    )
+    """The latest checkpoint must be whole (every rank's file loads, weights only), belong to
+    this schedule and fit this run's model; on a plain resume there must be one."""
+    from slime_hydra.train.run.checkpoint import checkpoint_root, schedule_digest, verify
 
+    fused_norms = False
+    if trainer.device == "cuda":
+        from slime_hydra.train.step.model import uses_transformer_engine
+
+        fused_norms = uses_transformer_engine("cuda")
     run_dir = job.run.run_dir
-    digest, ident = schedule_digest(job.schedule), identity(job.layout, job.dims)
-    steps_done = verify(run_dir, job.layout.world_size, digest, ident)
+    digest = schedule_digest(job.schedule)
+    steps_done = verify(run_dir, digest, job.layout, job.dims, fused_norms)
     if steps_done is None and trainer.resume:
         raise SlimeHydraError(
             f"trainer.resume=true but {checkpoint_root(run_dir)} holds no checkpoint: pass "

@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import pickle
+import re
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -24,6 +25,9 @@ from slime_hydra.train.run.rank_output import setup_rank_output, shown_warnings
 from slime_hydra.train.settings import CpuTrainer
 
 log = logging.getLogger(__name__)
+
+BRIEF_CHARS = 160
+"""The most of each other rank's message a failure report quotes."""
 
 
 TRAIN = "slime_hydra.train.run.worker:train"
@@ -161,6 +165,21 @@ def root_cause(failures: Mapping[int, ProcessFailure]) -> int:
     return min(failures.items(), key=rank_key)[0]
 
 
+SOURCE_PLACE = re.compile(r"\[[^\]\s]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+"""Where in torch's C++ sources an error was raised (`[/__w/.../pair.cc:553] `): not for users."""
+
+
+def brief(text: str, limit: int = BRIEF_CHARS) -> str:
+    """A peer's message in a few words: its first line without C++ source places, cut at the
+    last sentence that fits (else at a word, marked …), without a closing period."""
+    line = SOURCE_PLACE.sub("", (text.splitlines() or [""])[0]).strip()
+    if len(line) > limit:
+        cut = line[: limit + 1]
+        end = cut.rfind(". ")
+        line = cut[: end + 1] if end > limit // 3 else cut[: cut.rfind(" ")].rstrip(",;:") + " …"
+    return line.rstrip(". ")
+
+
 def failure_report(failures: Mapping[int, ProcessFailure]) -> str:
     """One paragraph: the root-cause rank and its error, then what the other ranks reported."""
     rank = root_cause(failures)
@@ -171,9 +190,7 @@ def failure_report(failures: Mapping[int, ProcessFailure]) -> str:
     lines = text.splitlines() or [""]
     summary = lines[0] if len(lines) == 1 else f"{lines[0]} … {lines[-1]}"
     others = [
-        f"rank {r}: {failure_text(f).splitlines()[0][:160]}"
-        for r, f in sorted(failures.items())
-        if r != rank
+        f"rank {r}: {brief(failure_text(f))}" for r, f in sorted(failures.items()) if r != rank
     ]
     also = f" Then: {'; '.join(others)}." if others else ""
     return f"training failed on rank {rank} (exit code {failure.exitcode}): {summary}{also}"

@@ -29,9 +29,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import write_dir
 from slime_hydra.hf.checkpoint import HfCheckpoint
 from slime_hydra.schedule.cost import ModelDims
-from slime_hydra.train.step.model import padded_vocab_size
+from slime_hydra.train.step.shapes import padded_vocab_size
 
 log = logging.getLogger(__name__)
 
@@ -179,68 +180,67 @@ def hf_tensors(
 def export_hf(chunks: list[torch.nn.Module], dims: ModelDims, out_dir: Path) -> None:
     """Write the model as an HF checkpoint in `out_dir` (rank 0 writes; every rank calls):
     safetensors (sharded past SHARD_BYTES, with an index), config.json and the source dir's
-    other files (generation config, tokenizer). The dir is replaced whole, by rename."""
-    writer = dist.get_rank() == 0
-    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-    if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    other files (generation config, tokenizer). The dir is written whole or not at all
+    (files.write_dir: a fresh dir beside it, renamed into place; no symlink followed, a full
+    disk named as such), so a failed export leaves the previous one."""
+    if dist.get_rank() == 0:
+        write_dir(out_dir, lambda stage: _write_export(chunks, dims, stage), out_dir.parent)
+    else:
+        _write_export(chunks, dims, None)
+    dist.barrier()
+
+
+def _write_export(chunks: list[torch.nn.Module], dims: ModelDims, stage: Path | None) -> None:
+    """Gather the HF tensors with every rank; the writer (`stage` given) writes them there."""
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
     for name, tensor in hf_tensors(chunks, dims):
-        if not writer:
+        if stage is None:
             continue
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > SHARD_BYTES:
-            _flush(shards, tmp)
+            _flush(shards, stage)
             shards.append({})
             size = 0
         shards[-1][name] = tensor
         size += nbytes
-    if writer:
-        _finish(shards, tmp, dims)
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        shutil.rmtree(old, ignore_errors=True)
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-        shutil.rmtree(old, ignore_errors=True)
-    dist.barrier()
+    if stage is not None:
+        _finish(shards, stage, dims)
 
 
 def _shard_name(i: int) -> str:
     return f"model-{i + 1:05d}.safetensors"
 
 
-def _flush(shards: list[dict[str, torch.Tensor]], tmp: Path) -> None:
+def _flush(shards: list[dict[str, torch.Tensor]], stage: Path) -> None:
     """Write the last shard; keep only its names (the tensors are freed)."""
     from safetensors.torch import save_file
 
     i = len(shards) - 1
-    save_file(shards[i], str(tmp / _shard_name(i)), metadata={"format": "pt"})
+    save_file(shards[i], str(stage / _shard_name(i)), metadata={"format": "pt"})
     shards[i] = dict.fromkeys(shards[i])
 
 
-def _finish(shards: list[dict[str, Any]], tmp: Path, dims: ModelDims) -> None:
+def _finish(shards: list[dict[str, Any]], stage: Path, dims: ModelDims) -> None:
     """The last shard, the names HF expects (one file, or -of-N files and an index), config.json
     and the source's side files."""
-    _flush(shards, tmp)
+    _flush(shards, stage)
     n = len(shards)
     if n == 1:
-        (tmp / _shard_name(0)).rename(tmp / "model.safetensors")
+        (stage / _shard_name(0)).rename(stage / "model.safetensors")
     else:
         weight_map = {}
         for i, names in enumerate(shards):
             final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            (tmp / _shard_name(i)).rename(tmp / final)
+            (stage / _shard_name(i)).rename(stage / final)
             weight_map |= dict.fromkeys(names, final)
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
-        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     if dims.path is not None:
         for file in HfCheckpoint.open(dims.path).side_files():
-            shutil.copy2(file, tmp / file.name)
+            shutil.copy2(file, stage / file.name)
     else:
-        hf_config(dims).save_pretrained(str(tmp))
+        hf_config(dims).save_pretrained(str(stage))
 
 
 def load_into_engine(engine: Any, dims: ModelDims) -> None:

@@ -22,6 +22,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.step.attention import PackedCausalAttention
+from slime_hydra.train.step.shapes import padded_vocab_size
 
 Device = Literal["cpu", "cuda"]
 
@@ -38,12 +39,6 @@ class CpuRotaryEmbedding(RotaryEmbedding):
         else:
             emb = torch.cat((freqs, freqs), dim=-1)
         return emb[:, None, None, :]
-
-
-def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    """Round the vocabulary up so each tensor-parallel shard is a multiple of `divisible_by`."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def has_transformer_engine() -> bool:

@@ -132,6 +132,12 @@ def checkpoint_state(optimizer: Any) -> Any:
     return optimizer.state_dict()
 
 
+def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside `optimizer`: megatron's chain and wrappers, ours, or itself."""
+    inners = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [o if isinstance(o, torch.optim.Optimizer) else o.optimizer for o in inners]
+
+
 def build_optimizer(
     chunks: list[torch.nn.Module],
     settings: OptimizerSettings,
