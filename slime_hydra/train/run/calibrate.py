@@ -9,19 +9,17 @@ finalize_model_grads (the gradient all-reduce) that the engine reports."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from slime_hydra.errors import SlimeHydraError
+from slime_hydra.files import write_file
 from slime_hydra.train.job import Job
-from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.run.distributed import seed_everything
 from slime_hydra.train.run.loop import rank_microbatches
-from slime_hydra.train.run.torchrun import torchrun_env
-from slime_hydra.train.run.worker import Stopped, build_engine, raise_on_sigterm
+from slime_hydra.train.run.worker import build_engine, rank_process
 from slime_hydra.train.settings import CpuTrainer
 
 TIMINGS = "timings.json"
@@ -31,14 +29,7 @@ TIMINGS = "timings.json"
 @record
 def measure(trainer: CpuTrainer, job: Job) -> None:
     """Worker entry point: time every step of the job's schedule, in order."""
-    env = torchrun_env()
-    if env is None:
-        raise SlimeHydraError("measure() runs in a torchrun worker (RANK, WORLD_SIZE unset).")
-    raise_on_sigterm()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
-    layout = job.layout
-    init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
-    try:
+    with rank_process(trainer, job, "measure") as env:
         seed_everything(job.seed)
         engine = build_engine(trainer, job)
         timings = []
@@ -50,9 +41,5 @@ def measure(trainer: CpuTrainer, job: Job) -> None:
         slowest = torch.tensor(timings, dtype=torch.float64, device=engine.device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         if env.rank == 0:
-            (job.run.run_dir / TIMINGS).write_text(json.dumps(slowest.tolist()))
-    except (Exception, Stopped) as exc:
-        get_error_handler().record_exception(exc)
-        raise
-    finally:
-        destroy_distributed()
+            run_dir = job.run.run_dir
+            write_file(run_dir / TIMINGS, json.dumps(slowest.tolist()), run_dir)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -104,17 +106,32 @@ def steps_done(
     return done, counters
 
 
-@record
-def train(trainer: CpuTrainer, job: Job) -> None:
-    """Worker entry point: the same function under torchrun and under the elastic launcher."""
+@contextmanager
+def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[TorchrunEnv]:
+    """What every worker entry point (train, the calibration's measure) runs inside: the
+    torchrun env, SIGTERM raised as Stopped, this rank's share of the threads and the process
+    groups; this rank's own error recorded before teardown makes its peers fail as well (the
+    launcher reports the rank where a failure happened, train/run/launch.py)."""
     env = torchrun_env()
     if env is None:
-        raise SlimeHydraError("train() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
+        raise SlimeHydraError(f"{entry}() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
     raise_on_sigterm()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
     layout = job.layout
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
     try:
+        yield env
+    except (Exception, Stopped) as exc:
+        get_error_handler().record_exception(exc)
+        raise
+    finally:
+        destroy_distributed()
+
+
+@record
+def train(trainer: CpuTrainer, job: Job) -> None:
+    """Worker entry point: the same function under torchrun and under the elastic launcher."""
+    with rank_process(trainer, job, "train") as env:
         check_same_run_dir(job)
         seed_everything(job.seed)
         engine = build_engine(trainer, job)
@@ -129,10 +146,3 @@ def train(trainer: CpuTrainer, job: Job) -> None:
             run_steps(engine, trainer, job, env, done, sink, counters)
         finally:
             close_sink(sink)
-    except (Exception, Stopped) as exc:
-        # This rank's own error, recorded before teardown makes its peers fail as well: the
-        # launcher reports the rank where a failure happened (train/run/launch.py).
-        get_error_handler().record_exception(exc)
-        raise
-    finally:
-        destroy_distributed()
