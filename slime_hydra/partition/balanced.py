@@ -36,6 +36,7 @@ from slime_hydra.partition.exchange import (
     bulk_moves,
 )
 from slime_hydra.partition.greedy import first_fit_decreasing
+from slime_hydra.partition.multifit import fill_empty, multifit
 
 PARTNERS = 4
 """Light bins each heavy bin tries per pass (while the pool has that many per heavy bin). On
@@ -462,7 +463,8 @@ class BalancedPacker:
         a step tries O(log) counts, not every one up to it. The repair has a budget of its own
         per count, so a count that cannot be packed leaves the balancing its budget; at FFD's own
         count the balanced construction still goes first. The plan found is then balanced
-        within `work`."""
+        within `work`: exchanges with half of it; where they stop above the goal, by tokens,
+        MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
         bin_of = self._cheap(sizes, weights, counts[0], cap)
@@ -486,9 +488,19 @@ class BalancedPacker:
                 bin_of = self._cheap(sizes, weights, counts[at], cap) if at else None
                 if bin_of is None:
                     bin_of = ffd.copy()
-                    _fill_empty(bin_of, weights, counts[at])
+                    fill_empty(bin_of, weights, counts[at])
         bins = counts[at]
-        improve(bin_of, sizes, weights, bins, cap, self._goal(weights, bin_of, bins), work)
+        goal = self._goal(weights, bin_of, bins)
+        half = Work(work.spent + (work.budget - work.spent) // 2, work.spent)
+        improve(bin_of, sizes, weights, bins, cap, goal, half)
+        work.spent = half.spent
+        top = int(np.bincount(bin_of, weights=weights, minlength=bins).max())
+        if top > goal:
+            if np.array_equal(weights, sizes):  # balanced by tokens: the loads are the sizes
+                low = int(goal / (1 + self.tolerance / 2))  # the bound `goal` was set from
+                refit = multifit(sizes, bins, low, top, int(goal), self.tolerance / 4, work)
+                bin_of = bin_of if refit is None else refit
+            improve(bin_of, sizes, weights, bins, cap, goal, work)
         return bins, bin_of
 
     def _cheap(
@@ -523,15 +535,3 @@ class BalancedPacker:
             return goal
         bound = max_part_lower_bound(weights, bins, upper=top, rel_tol=self.tolerance / 4)
         return max(goal, slack * bound)
-
-
-def _fill_empty(bin_of: np.ndarray, weights: np.ndarray, bins: int) -> None:
-    """Give each empty bin one item, the heaviest that is not the first of its bin."""
-    counts = np.bincount(bin_of, minlength=bins)
-    empty = np.flatnonzero(counts == 0)
-    if empty.size == 0:
-        return
-    first = np.zeros(bin_of.size, dtype=bool)
-    first[np.unique(bin_of, return_index=True)[1]] = True
-    movable = np.flatnonzero(~first)
-    bin_of[movable[descending(weights[movable])][: empty.size]] = empty

@@ -36,6 +36,10 @@ class Work:
     def left(self) -> bool:
         return self.spent < self.budget
 
+    def affords(self, visits: int) -> bool:
+        """Whether a pass of `visits` item visits fits in what is left."""
+        return self.spent + visits + PASS_OVERHEAD <= self.budget
+
 
 class Partitioner(Protocol):
     """Packs items into the first bin count of `counts` (ascending) it can: non-empty bins,

@@ -9,7 +9,8 @@ One algorithm for every step, its work bounded:
 2. The step is packed whole into dp·K micro-batches (over-cap samples alone, under
    oversize=isolate) by the partitioner (partition.balanced.BalancedPacker: an O(n log n)
    construction, then cap repairs and balancing exchanges within its work budget, first-fit
-   decreasing where the repairs fall short). Where it cannot fill dp·K micro-batches within
+   decreasing where the repairs fall short, and where the exchanges stall above the bound by
+   tokens, MULTIFIT: first-fit decreasing under a bisected load limit, in the same budget). Where it cannot fill dp·K micro-batches within
    the cap, K rises by the VPP alignment: a K above K_lb means neither the construction nor
    first-fit decreasing packed the step at K_lb, not that no plan exists there.
 3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
@@ -181,7 +182,10 @@ class DynamicBatching(BatchingStrategy):
         start = dp * k - alone.size
         counts = range(start, start + 1) if exact else range(start, normal.size + 1, dp * g)
         if normal.size:
-            found = self.partitioner(sizes[normal], weights[normal], counts, cap, work)
+            mine = sizes[normal]  # one array for both where balancing is by tokens
+            found = self.partitioner(
+                mine, mine if weights is sizes else weights[normal], counts, cap, work
+            )
         else:
             found = (0, np.zeros(0, dtype=np.int64)) if dp * k == alone.size else None
         if found is None:

@@ -1,0 +1,83 @@
+"""partition.multifit: first-fit decreasing under a bisected load limit, by hand and as
+properties, and the packer's use of it where exchanges stall above the bound."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.partition import BalancedPacker, Work
+from slime_hydra.partition.base import PASS_OVERHEAD
+from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
+
+SIZES = np.array([7, 6, 5, 4, 3, 3])
+ONE_PACKING = VISITS_PER_ITEM * SIZES.size + PASS_OVERHEAD
+
+
+def _loads(bin_of: np.ndarray, w: np.ndarray, bins: int) -> list[int]:
+    return np.bincount(bin_of, weights=w, minlength=bins).astype(int).tolist()
+
+
+def test_multifit_bisects_to_the_lowest_limit_first_fit_decreasing_packs():
+    # Two bins, bound 14. FFD under 14: {7, 6}, {5, 4, 3}, {3}: three bins. Under 16:
+    # {7, 6, 3}, {5, 4, 3}; under 15: {7, 6}, {5, 4, 3, 3}. So 15, after three packings (the
+    # optimum, {7, 4, 3} and {6, 5, 3}, is one FFD does not find).
+    work = Work(10**6)
+    bin_of = multifit(SIZES, 2, 14, 17, 14, 0.0, work)
+    assert bin_of is not None
+    assert _loads(bin_of, SIZES, 2) == [13, 15]
+    assert work.spent == 3 * ONE_PACKING
+
+
+def test_multifit_stops_at_the_goal():
+    work = Work(10**6)
+    bin_of = multifit(SIZES, 2, 14, 17, 16, 0.0, work)
+    assert bin_of is not None and _loads(bin_of, SIZES, 2) == [16, 12]
+    assert work.spent == ONE_PACKING
+
+
+def test_multifit_starts_no_packing_the_work_cannot_pay_for():
+    work = Work(ONE_PACKING - 1)
+    assert multifit(SIZES, 2, 14, 17, 14, 0.0, work) is None
+    assert work.spent == 0
+
+
+def test_fill_empty_gives_each_empty_bin_one_item_from_a_bin_of_two_or_more():
+    w = np.array([5, 1, 1, 1])
+    bin_of = np.zeros(4, dtype=np.int64)  # everything in bin 0, as FFD under 8 packs it
+    fill_empty(bin_of, w, 3)
+    assert _loads(bin_of, w, 3) == [6, 1, 1]
+
+
+def test_the_packer_reaches_the_optimum_where_exchanges_alone_stop_above_it():
+    # 157 tokens in two bins: the bound is 79 and {62, 17}, {51, 12, 8, 7} reaches it. The
+    # exchanges stop at {62, 8, 7} = 77 and {51, 17, 12} = 80: no move or swap of one item
+    # lowers the 80 without raising the other bin above it. FFD under 79 opens with 62, takes
+    # 17, and packs the rest into the second bin.
+    s = np.array([51, 62, 17, 7, 8, 12])
+    bins, bin_of = BalancedPacker()(s, s, [2], 200, Work(100_000))
+    assert bins == 2 and sorted(_loads(bin_of, s, 2)) == [78, 79]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 60), min_size=2, max_size=40),
+    st.integers(1, 8),
+    st.integers(0, 40 * ONE_PACKING),
+)
+def test_multifit_returns_a_packing_below_the_limit_it_started_from_within_its_work(
+    sizes, bins, budget
+):
+    s = np.asarray(sizes, dtype=np.int64)
+    bins = min(bins, s.size)
+    low = max(int(s.max()), -(-int(s.sum()) // bins))
+    high = int(s.sum()) + 1
+    work = Work(budget)
+    bin_of = multifit(s, bins, low, high, low, 0.0, work)
+    assert work.spent <= max(budget, 0)
+    if bin_of is not None:
+        loads = np.bincount(bin_of, weights=s, minlength=bins)
+        assert bin_of.min() >= 0 and bin_of.max() < bins
+        assert (np.bincount(bin_of, minlength=bins) > 0).all()
+        assert low <= loads.max() < high
