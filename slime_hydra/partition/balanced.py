@@ -213,6 +213,22 @@ def fit_rounds(sizes: np.ndarray, bins: int, cap: int) -> np.ndarray:
     return bin_of
 
 
+def cut_to(bin_of: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:
+    """A packing of more than `bins` bins cut to `bins`: the items of its lightest bins dealt,
+    largest first, in rounds to the lightest of the bins kept (over the cap where they fit
+    nowhere, for `improve` to repair)."""
+    have = int(bin_of.max()) + 1
+    load = np.bincount(bin_of, weights=sizes, minlength=have).astype(np.int64)
+    keep = np.zeros(have, dtype=bool)
+    keep[np.argsort(load, kind="stable")[have - bins :]] = True
+    out = np.where(keep[bin_of], (np.cumsum(keep) - 1)[bin_of], -1)
+    left = np.flatnonzero(out < 0)
+    left = left[descending(sizes[left])]
+    kept = out >= 0
+    _deal_rounds(left, sizes[left], out, np.bincount(out[kept], sizes[kept], bins).astype(np.int64))
+    return out
+
+
 def improve(
     bin_of: np.ndarray,
     sizes: np.ndarray,
@@ -476,7 +492,7 @@ class BalancedPacker:
             while lo < hi:
                 mid = (lo + hi) // 2
                 got = self._cheap(sizes, weights, counts[mid], cap) if mid else None
-                got = self._repaired(sizes, weights, counts[mid], cap) if got is None else got
+                got = self._repaired(sizes, weights, counts[mid], cap, ffd) if got is None else got
                 if got is None:
                     lo = mid + 1
                 else:
@@ -517,13 +533,15 @@ class BalancedPacker:
         return None
 
     def _repaired(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, ffd: np.ndarray
     ) -> np.ndarray | None:
-        """Largest fit in rounds into `bins` repaired by exchanges within a budget of its own;
-        None where the repair falls short."""
-        bin_of = fit_rounds(sizes, bins, cap)
-        held = improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget))
-        return bin_of if held else None
+        """Largest fit in rounds into `bins`, or else first-fit decreasing's packing `ffd` (more
+        bins) cut to `bins`, repaired by exchanges within a budget of its own each; None where
+        both repairs fall short."""
+        for bin_of in (fit_rounds(sizes, bins, cap), cut_to(ffd, sizes, bins)):
+            if improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget)):
+                return bin_of
+        return None
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,

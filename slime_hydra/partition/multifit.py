@@ -9,7 +9,6 @@ bound, and FFD under a bisected limit (eight packings) 0.03-0.04% above it. FFD 
 so its cost is charged to the work budget like the exchanges' (VISITS_PER_ITEM).
 """
 
-
 from __future__ import annotations
 
 import numpy as np

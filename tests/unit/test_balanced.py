@@ -255,3 +255,14 @@ def test_even_groups_stops_at_once_where_a_locked_sample_sets_the_heaviest_group
     fixed = np.array([True, False, False, False])
     even_groups(bin_of, sizes, sizes, 2, 50, 0.0025, work, fixed)
     assert bin_of.tolist() == [0, 1, 2, 3] and work.spent == 0
+
+
+def test_first_fit_decreasings_packing_cut_to_the_bound_is_repaired_where_largest_fit_is_not():
+    # 59 tokens under a cap of 20 need 3 bins. FFD takes 4: {10, 9}, {9, 8}, {7, 6, 6}, {4}.
+    # Largest fit in rounds into 3 leaves a 6 that fits nowhere, and no exchange repairs it.
+    # FFD's {4} dealt to {9, 8} (21) is repaired: {10, 9}, {9, 7, 4}, {8, 6, 6}.
+    s = np.array([10, 9, 9, 8, 7, 6, 6, 4])
+    found = BalancedPacker()(s, s, [3], 20, Work(100_000))
+    assert found is not None
+    bins, bin_of = found
+    assert bins == 3 and max(_loads(bin_of, s, 3)) <= 20
