@@ -95,7 +95,7 @@ def _fill_to(
     if top <= goal:
         return got
     # The bracket's upper end: at most tol/4 above the bound, found in fewer bisection steps.
-    bound = max_part_lower_bound(weights, bins, rel_tol=tol / 4) * (1 + tol / 4)
+    bound = max_part_lower_bound(weights, bins, upper=top, rel_tol=tol / 4) * (1 + tol / 4)
     for step in FILL_STEPS:
         again = _fit_below(vals, load, int(bound * (1 + step * tol)))
         again_top = _spilled(vals, again, load)
