@@ -41,7 +41,7 @@ from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
-from slime_hydra.schedule.steptime import StepCost, bin_seconds, fastest_order, simulate_bins
+from slime_hydra.schedule.steptime import StepCost, bin_seconds, fastest_order, simulate_seconds
 from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
@@ -251,7 +251,9 @@ class DynamicBatching(BatchingStrategy):
         assert self.step_cost is not None
         k, bin_of = found
         bin_s = bin_seconds(bin_of, sizes, self.layout.dp * k, self.step_cost)
-        return simulate_bins(bin_s.reshape(self.layout.dp, k), self.layout, self.step_cost)
+        return simulate_seconds(
+            bin_s.reshape(self.layout.dp, k), self.layout, self.step_cost
+        ).step_s
 
     def _too_few(self, n: int, k: int, step: int) -> SlimeHydraError:
         g = self.layout.microbatch_alignment

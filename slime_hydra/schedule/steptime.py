@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -75,14 +76,15 @@ class StepCost:
             )
         return cls(**{k: terms[k] for k in terms}, source=source)  # type: ignore[arg-type]
 
+    def seconds(self, tokens: Any, squares: Any) -> Any:
+        """Forward and backward through the whole model of micro-batches of these tokens (ΣL)
+        and squared lengths (ΣL²): of floats a float, of arrays an array."""
+        return self.token_s * tokens + self.square_s * squares + self.microbatch_s
+
     def microbatch_seconds(self, lengths: Sequence[int] | np.ndarray) -> float:
-        """Forward and backward of one micro-batch through the whole model."""
+        """Forward and backward of one micro-batch of sequences of these lengths."""
         L = np.asarray(lengths, dtype=np.float64)
-        return (
-            self.token_s * float(L.sum())
-            + self.square_s * float((L * L).sum())
-            + (self.microbatch_s)
-        )
+        return float(self.seconds(L.sum(), (L * L).sum()))
 
 
 @dataclass(frozen=True)
@@ -100,17 +102,31 @@ class StepTiming:
 def simulate_step(
     ranks: Sequence[Sequence[Sequence[int]]], layout: ParallelLayout, cost: StepCost
 ) -> StepTiming:
-    """Simulate one step: `ranks[r][m]` are the lengths of micro-batch m of DP rank r, run in
-    that order through megatron's 1F1B (interleaved with vpp > 1) pipeline schedule; the step
-    waits for the slowest rank, then all-reduces and steps the optimizer."""
-    seconds = [[cost.microbatch_seconds(mb) for mb in rank] for rank in ranks]
-    timings = [rank_timing(rank, layout, cost) for rank in seconds]
-    pipe_s = max(t.step_s for t in timings)
-    slowest = max(range(len(timings)), key=lambda r: timings[r].step_s)
-    busy = sum(sum(t.busy_s) for t in timings)
-    bubble = 1 - busy / (len(timings) * layout.pp * pipe_s) if pipe_s else 0.0
+    """Simulate one step: `ranks[r][m]` are the lengths of micro-batch m of DP rank r (see
+    simulate_seconds)."""
+    return simulate_seconds(
+        [[cost.microbatch_seconds(mb) for mb in rank] for rank in ranks], layout, cost
+    )
+
+
+def simulate_seconds(
+    seconds: Sequence[Sequence[float]] | np.ndarray, layout: ParallelLayout, cost: StepCost
+) -> StepTiming:
+    """Simulate one step whose DP rank r runs micro-batches of forward+backward seconds
+    `seconds[r]`, in that order, through megatron's 1F1B (interleaved with vpp > 1) pipeline
+    schedule (without a pipeline, one after another); the step waits for the slowest rank,
+    then all-reduces and steps the optimizer."""
+    if layout.pp == 1:
+        pipe = [float(sum(rank)) for rank in seconds]
+        busy = sum(pipe)
+    else:
+        timings = [rank_timing(list(rank), layout, cost) for rank in seconds]
+        pipe = [t.step_s for t in timings]
+        busy = sum(sum(t.busy_s) for t in timings)
+    pipe_s = max(pipe)
+    bubble = 1 - busy / (len(pipe) * layout.pp * pipe_s) if pipe_s else 0.0
     tail = cost.allreduce_s + cost.optimizer_s
-    return StepTiming(pipe_s + tail, bubble, slowest, tail)
+    return StepTiming(pipe_s + tail, bubble, pipe.index(pipe_s), tail)
 
 
 def rank_timing(seconds: Sequence[float], layout: ParallelLayout, cost: StepCost) -> PipelineTiming:
@@ -123,19 +139,7 @@ def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost
     """Forward+backward seconds of each micro-batch (`bin_of`: each sample's)."""
     L = sizes.astype(np.float64)
     tokens = np.bincount(bin_of, weights=L, minlength=bins)
-    squares = np.bincount(bin_of, weights=L * L, minlength=bins)
-    return cost.token_s * tokens + cost.square_s * squares + cost.microbatch_s
-
-
-def simulate_bins(seconds: np.ndarray, layout: ParallelLayout, cost: StepCost) -> float:
-    """The step time of ranks whose micro-batches (rows of `seconds`, in order) take these
-    seconds: the slowest rank's pipeline (without one, the sum of its micro-batches), then
-    the all-reduce and the optimizer step."""
-    if layout.pp == 1:
-        pipe_s = float(seconds.sum(axis=1).max())
-    else:
-        pipe_s = max(rank_timing(row.tolist(), layout, cost).step_s for row in seconds)
-    return pipe_s + cost.allreduce_s + cost.optimizer_s
+    return cost.seconds(tokens, np.bincount(bin_of, weights=L * L, minlength=bins))
 
 
 def orders(k: int, seconds: np.ndarray) -> list[np.ndarray]:
