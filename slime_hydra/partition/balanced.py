@@ -65,11 +65,7 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
     poured = max(start, int(np.searchsorted(-w, -(tolerance / 2) * level, side="left")))
     if poured > start:  # items that pouring would leave a bin too far off the level
         ids, vals = order[start:poured][::-1], w[start:poured][::-1]  # ascending
-        got = _fill_to(vals, load, level, weights, bins, tolerance)
-        fits = got >= 0
-        bin_of[ids[fits]] = got[fits]
-        np.add.at(load, got[fits], vals[fits])
-        _deal_rounds(ids[~fits][::-1], vals[~fits][::-1], bin_of, load)
+        bin_of[ids], load = _fill_to(vals, load, level, weights, bins, tolerance)
     if poured < n:
         left = poured + np.flatnonzero(_pour(order[poured:], w[poured:], bin_of, load))
         _deal_rounds(order[left], w[left], bin_of, load)
@@ -83,27 +79,26 @@ leaves medium items no room."""
 
 def _fill_to(
     vals: np.ndarray, load: np.ndarray, level: float, weights: np.ndarray, bins: int, tol: float
-) -> np.ndarray:
-    """The bin of each medium item (`vals` ascending) below the water level (`_fit_below`), or
-    -1 for those left to the lightest bins. Where those would lift a bin more than tol/2 above
-    the level (a bin's own large item took the room they needed), the level rises to the
-    proven bound on the heaviest bin and a little above; the filling whose leftovers end
-    lowest wins."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """The bin of each medium item (`vals` ascending) and the bins' loads after: below the
+    water level (`_fit_below`), those that fit nowhere dealt to the lightest bins. Where those
+    would lift a bin more than tol/2 above the level (a bin's own large item took the room
+    they needed), the level rises to the proven bound on the heaviest bin and a little above;
+    the filling whose heaviest bin ends lowest wins."""
     goal = (1 + tol / 2) * max(level, int(load.max()))
-    got = _fit_below(vals, load, int(level))
-    top = _spilled(vals, got, load)
+    best = _spilled(vals, _fit_below(vals, load, int(level)), load)
+    top = int(best[1].max())
     if top <= goal:
-        return got
+        return best
     # The bracket's upper end: at most tol/4 above the bound, found in fewer bisection steps.
     bound = max_part_lower_bound(weights, bins, upper=top, rel_tol=tol / 4) * (1 + tol / 4)
     for step in FILL_STEPS:
-        again = _fit_below(vals, load, int(bound * (1 + step * tol)))
-        again_top = _spilled(vals, again, load)
-        if again_top < top:
-            got, top = again, again_top
+        again = _spilled(vals, _fit_below(vals, load, int(bound * (1 + step * tol))), load)
+        if int(again[1].max()) < top:
+            best, top = again, int(again[1].max())
         if top <= goal:
             break
-    return got
+    return best
 
 
 def _fit_below(vals: np.ndarray, load: np.ndarray, top: int) -> np.ndarray:
@@ -122,15 +117,17 @@ def _fit_below(vals: np.ndarray, load: np.ndarray, top: int) -> np.ndarray:
     return got
 
 
-def _spilled(vals: np.ndarray, got: np.ndarray, load: np.ndarray) -> int:
-    """The heaviest bin once the items `got` placed are in and the others dealt in rounds to
-    the lightest bins."""
+def _spilled(vals: np.ndarray, got: np.ndarray, load: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each item's bin and the bins' loads (from `load`, left as it is) once the items `got`
+    placed (bin >= 0) are in and the others dealt, heaviest first, in rounds to the lightest
+    bins."""
     trial = load.copy()
     fits = got >= 0
     np.add.at(trial, got[fits], vals[fits])
+    where = got.copy()
     left = np.flatnonzero(~fits)[::-1]
-    _deal_rounds(left, vals[left], np.empty(vals.size, dtype=np.int64), trial)
-    return int(trial.max())
+    _deal_rounds(left, vals[left], where, trial)
+    return where, trial
 
 
 def _deal(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
