@@ -59,7 +59,8 @@ def run_info(cfg: DictConfig) -> RunInfo:
 
 
 def plan(cfg: DictConfig, run: RunInfo) -> Job:
-    """Checks, rollout and schedule: everything before training, nothing written yet."""
+    """Checks, rollout, schedule and each step's planned metrics and time: everything before
+    training, nothing written yet."""
     layout, strategy = validate(cfg)
     dims = model_dims(cfg.model)
     rollout = build(cfg.data).load()

@@ -165,9 +165,9 @@ def export_hf(chunks: list[torch.nn.Module], dims: ModelDims, out_dir: Path) -> 
     safetensors (sharded past SHARD_BYTES, with an index), config.json and the source dir's
     other files (generation config, tokenizer). The dir is written whole or not at all
     (files.write_dir: a fresh dir beside it, renamed into place; no symlink followed, a full
-    disk named as such), so a failed export leaves the previous one. What the source
-    checkpoint says (its dtypes and side files) is read first; then every rank gathers the
-    tensors (TP gathers and PP broadcasts), each in the source's dtype where it has one, on CPU."""
+    disk named as such), so a failed export leaves the previous one. The bridge, the config and
+    what the source checkpoint says (its dtypes and side files) come first; then every rank
+    gathers the tensors (TP gathers, PP broadcasts), each on CPU in the source's dtype if any."""
     models = unwrap(chunks)
     bridge = make_bridge(models, dims)
     config = hf_config(dims) if dims.path is None else None
