@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import step_cost_of, validate
+from slime_hydra.data.rollout import with_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import write_file
 from slime_hydra.hf.checks import model_dims
@@ -34,11 +35,12 @@ from slime_hydra.rundir import (
     write_run_files,
 )
 from slime_hydra.schedule import violations
-from slime_hydra.train.job import Job
+from slime_hydra.train.job import Job, plan_steps
 from slime_hydra.train.run.nodes import node_rank
 from slime_hydra.train.run.rank_output import setup_rank_output
 from slime_hydra.train.run.start import check, start
 from slime_hydra.train.run.torchrun import is_rank_zero, torchrun_env
+from slime_hydra.train.settings import PlanTrainer
 
 log = logging.getLogger("slime_hydra")
 
@@ -57,7 +59,8 @@ def run_info(cfg: DictConfig) -> RunInfo:
 
 
 def plan(cfg: DictConfig, run: RunInfo) -> Job:
-    """Checks, rollout and schedule: everything before training, nothing written yet."""
+    """Checks, rollout, schedule and each step's planned metrics and time: everything before
+    training, nothing written yet."""
     layout, strategy = validate(cfg)
     dims = model_dims(cfg.model)
     rollout = build(cfg.data).load()
@@ -81,6 +84,7 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
             len(broken),
             "; ".join(broken[:3]),
         )
+    cost = step_cost_of(cfg, dims, layout)
     return Job(
         run=run,
         layout=layout,
@@ -93,7 +97,8 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
         pad_multiple=cfg.iterator.get("pad_multiple"),
         logger=factory(cfg.logger),
         tokenizer=OmegaConf.select(cfg, "data.tokenizer"),
-        cost=step_cost_of(cfg, dims, layout),
+        cost=cost,
+        planned=plan_steps(schedule, layout, dims, cost),
     )
 
 
@@ -142,6 +147,9 @@ def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:
     try:
         job = plan(cfg, info)
         trainer = build(cfg.trainer)
+        if not isinstance(trainer, PlanTrainer):  # the workers train on tokens
+            rollout = with_tokens(job.rollout, job.dims.vocab_size, job.seed)
+            job = replace(job, rollout=rollout)
         if owner:
             claim(info.run_dir, info.config, resuming(trainer))
             rows_done(info.run_dir / "metrics.jsonl", steps_done=0)  # damaged lines: refused now

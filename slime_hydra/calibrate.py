@@ -43,7 +43,7 @@ from slime_hydra.calibration import (
     sample_ranks,
 )
 from slime_hydra.config import step_cost_of, validate
-from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.rollout import RolloutBatch, with_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import write_file
 from slime_hydra.hf.checks import model_dims
@@ -52,8 +52,8 @@ from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import Schedule, StepSchedule
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.steptime import StepCost, simulate_step
-from slime_hydra.train.job import Job
-from slime_hydra.train.run.start import check, with_tokens
+from slime_hydra.train.job import Job, plan_steps
+from slime_hydra.train.run.start import check
 from slime_hydra.train.settings import CpuTrainer, PlanTrainer
 
 log = logging.getLogger("slime_hydra.calibrate")
@@ -94,18 +94,21 @@ def grid_job(cfg: DictConfig, run_dir: Path, grid: list[tuple[int, list[int]]], 
         steps.append(StepSchedule.build(index, ranks))
     total = np.array(lengths, dtype=np.int64)
     rollout = RolloutBatch(total, total // 2, np.arange(total.size))
+    schedule = Schedule(tuple(lengths), None, tuple(steps))
+    cost = step_cost_of(cfg, dims, layout)
     return Job(
         run=RunInfo(run_dir, OmegaConf.to_container(cfg, resolve=True), "calibrate", None, "cal"),
         layout=layout,
         strategy=strategy,
         rollout=with_tokens(rollout, dims.vocab_size, cfg.seed),
-        schedule=Schedule(tuple(lengths), None, tuple(steps)),
+        schedule=schedule,
         dims=dims,
         seed=cfg.seed,
         iterator=factory(cfg.iterator),
         pad_multiple=cfg.iterator.get("pad_multiple"),
         logger=factory(cfg.logger),
-        cost=step_cost_of(cfg, dims, layout),
+        cost=cost,
+        planned=plan_steps(schedule, layout, dims, cost),
     )
 
 
@@ -165,7 +168,7 @@ def calibrate(cfg: DictConfig, out: Path | None, repeats: int, max_tokens: int) 
     grid = calibration_grid(layout, max_tokens)
     order = grid_order(len(grid), repeats)
     from slime_hydra.train.run.calibrate import TIMINGS  # torch: once the config is checked
-    from slime_hydra.train.run.launch import launch
+    from slime_hydra.train.run.launch import start_workers
 
     with tempfile.TemporaryDirectory(prefix="slime_hydra_calibrate_") as tmp:
         job = grid_job(cfg, Path(tmp), grid, order)
@@ -179,7 +182,7 @@ def calibrate(cfg: DictConfig, out: Path | None, repeats: int, max_tokens: int) 
             repeats,
             max_tokens,
         )
-        launch(trainer, job, entry="slime_hydra.train.run.calibrate:measure")
+        start_workers(trainer, job, "slime_hydra.train.run.calibrate:measure")
         timings = json.loads((Path(tmp) / TIMINGS).read_text())
     samples = timed_samples(grid, order, timings)
     cost, stderr = fit_step_cost(samples, layout, job.cost, source=str(out))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 
-from slime_hydra.data.tokens import RolloutTokens
+from slime_hydra.data.tokens import RolloutTokens, synthesize_tokens
 from slime_hydra.errors import SlimeHydraError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -62,3 +66,14 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return len(self.total_lengths)
+
+
+def with_tokens(rollout: RolloutBatch, vocab_size: int, seed: int) -> RolloutBatch:
+    """The rollout when it has tokens, else its lengths filled with the synthetic copy task."""
+    if rollout.tokens is not None:
+        return rollout
+    log.info("The rollout has lengths only: synthesizing copy-task tokens (vocab %d)", vocab_size)
+    tokens = synthesize_tokens(
+        rollout.total_lengths, rollout.response_lengths, rollout.group_ids, vocab_size, seed
+    )
+    return dataclasses.replace(rollout, tokens=tokens)

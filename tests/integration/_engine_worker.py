@@ -20,13 +20,12 @@ from megatron.core import parallel_state
 from omegaconf import OmegaConf
 
 from slime_hydra.data.iterator import MicrobatchIterator
-from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.rollout import RolloutBatch, with_tokens
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, Schedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.run.loop import rank_microbatches
-from slime_hydra.train.run.start import with_tokens
 from slime_hydra.train.step import cpu_shim
 from slime_hydra.train.step.engine import TENSORS, MegatronEngine, PolicyLoss
 from slime_hydra.train.step.model import build_model_chunks, global_name

@@ -275,9 +275,9 @@ def test_loss_runs_differ_only_in_trainer_and_dtype():
 
 def test_loss_runs_train_the_model_on_rollout_log_probs(compose_cfg):
     """The loss depends on the model only if the ratio is not 1: the lengths-only rollout gets
-    synthesized tokens, which carry the noise model's log-probs (trainer.with_tokens)."""
+    synthesized tokens, which carry the noise model's log-probs (data.rollout.with_tokens)."""
+    from slime_hydra.data.rollout import with_tokens
     from slime_hydra.data.synthetic import SyntheticGRPO
-    from slime_hydra.train.run.start import with_tokens
 
     rollout = SyntheticGRPO(**LOSS_DATA).load()
     assert rollout.tokens is None

@@ -20,6 +20,7 @@ from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.memory import GIB, MemoryModel
 from slime_hydra.schedule.steptime import StepCost
+from slime_hydra.train.job import plan_steps
 from slime_hydra.train.run.plan import memory_penalty, simulate
 from slime_hydra.train.settings import PlanTrainer
 
@@ -116,7 +117,9 @@ def test_plan_mode_logs_the_peak_of_the_fullest_rank():
     step = StepSchedule.build(0, [[[0], [1], [2]], [[3]]])
     schedule = Schedule((10, 20, 30, 5), None, (step,))
     cost = StepCost(token_s=1.0, square_s=0.0, microbatch_s=0.0)
-    job = SimpleNamespace(layout=ParallelLayout(dp=2), schedule=schedule, cost=cost, dims=TOY)
+    layout = ParallelLayout(dp=2)
+    planned = plan_steps(schedule, layout, TOY, cost)
+    job = SimpleNamespace(layout=layout, schedule=schedule, cost=cost, dims=TOY, planned=planned)
     sim = simulate(PlanTrainer(), job, step)
     assert sim["sim/peak_memory_gib"] == pytest.approx(80784 / GIB)
     # The distributed optimizer shards 12 of the 18 bytes over dp=2: 2888 × 12 fewer bytes.

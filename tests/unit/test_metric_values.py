@@ -13,6 +13,7 @@ import pytest
 from slime_hydra.schedule import ParallelLayout, Schedule, StepSchedule, step_metrics
 from slime_hydra.schedule.cost import ModelDims
 from slime_hydra.schedule.steptime import StepCost
+from slime_hydra.train.job import plan_steps
 from slime_hydra.train.run.plan import simulate
 from slime_hydra.train.settings import PlanTrainer
 from tests.contract import BATCH_KEYS, SIM_KEYS
@@ -143,13 +144,14 @@ def test_without_a_cap_the_cap_metrics_are_neutral():
 
 def plan_job(lengths, ranks, layout, coefficients, trainer=None):
     """What plan mode's simulate reads of a Job: the layout, the schedule, the step cost model
-    (analytic, of `trainer`'s speed) and the model's dims (for memory)."""
+    (analytic, of `trainer`'s speed), the model's dims (for memory) and the planned steps."""
     trainer = trainer or ONE_TFLOPS
     schedule = Schedule(tuple(lengths), None, (StepSchedule.build(0, ranks),))
     cost = StepCost.analytic(
         coefficients, trainer.achieved_tflops, trainer.microbatch_overhead_ms, layout
     )
-    return SimpleNamespace(layout=layout, schedule=schedule, cost=cost, dims=DIMS)
+    planned = plan_steps(schedule, layout, DIMS, cost)
+    return SimpleNamespace(layout=layout, schedule=schedule, cost=cost, dims=DIMS, planned=planned)
 
 
 # 1 TFLOP/s per GPU and 3e12 FLOPs per token (forward + backward): a micro-batch's whole-model

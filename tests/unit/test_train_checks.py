@@ -14,7 +14,7 @@ from omegaconf import Container, OmegaConf
 
 from slime_hydra import app
 from slime_hydra.config import build
-from slime_hydra.data.rollout import RolloutBatch
+from slime_hydra.data.rollout import RolloutBatch, with_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.jsonl import JsonlSink
 from slime_hydra.log.sink import RunInfo
@@ -27,7 +27,6 @@ from slime_hydra.train.run.checks import (
     check_vpp,
     check_world_size,
 )
-from slime_hydra.train.run.start import with_tokens
 from slime_hydra.train.settings import CpuTrainer, GpuTrainer
 from tests.hardware import needs_fewer_cuda_than
 

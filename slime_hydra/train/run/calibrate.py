@@ -17,7 +17,6 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from slime_hydra.files import write_file
 from slime_hydra.train.job import Job
-from slime_hydra.train.run.distributed import seed_everything
 from slime_hydra.train.run.loop import rank_microbatches
 from slime_hydra.train.run.worker import build_engine, rank_process
 from slime_hydra.train.settings import CpuTrainer
@@ -30,7 +29,6 @@ TIMINGS = "timings.json"
 def measure(trainer: CpuTrainer, job: Job) -> None:
     """Worker entry point: time every step of the job's schedule, in order."""
     with rank_process(trainer, job, "measure") as env:
-        seed_everything(job.seed)
         engine = build_engine(trainer, job)
         timings = []
         for step in job.schedule.steps:

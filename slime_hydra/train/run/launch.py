@@ -1,5 +1,6 @@
-"""Start the workers from inside the Hydra job through torch's elastic launcher (torchrun's
-machinery): `trainer.nproc_per_node` processes on each node of the job (train/run/nodes.py)."""
+"""Where training runs: in this process when torchrun started it as a worker, else in workers
+started from inside the Hydra job through torch's elastic launcher (torchrun's machinery):
+`trainer.nproc_per_node` processes on each node of the job (train/run/nodes.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from slime_hydra.rundir import LOG_FILE
 from slime_hydra.train.job import Job
 from slime_hydra.train.run.nodes import job_nodes, num_procs
 from slime_hydra.train.run.rank_output import setup_rank_output, shown_warnings
+from slime_hydra.train.run.torchrun import torchrun_env
 from slime_hydra.train.settings import CpuTrainer
 
 log = logging.getLogger(__name__)
@@ -34,15 +36,26 @@ TRAIN = "slime_hydra.train.run.worker:train"
 """The workers' entry point of a training run."""
 
 
-def launch(trainer: CpuTrainer, job: Job, entry: str = TRAIN) -> None:
-    """Run `entry(trainer, job)` ("module:function", worker.train by default) in
+def launch(trainer: CpuTrainer, job: Job) -> None:
+    """Train the job: the workers start here, or this process is one (torchrun started it)."""
+    if torchrun_env() is None:
+        start_workers(trainer, job, TRAIN)
+        return
+    from slime_hydra.train.run.worker import train
+
+    train(trainer, job)
+
+
+def start_workers(trainer: CpuTrainer, job: Job, entry: str) -> None:
+    """Run `entry(trainer, job)` ("module:function": TRAIN, or the calibration's) in
     nproc_per_node workers (through `run_worker`); restart them up to max_restarts."""
     nodes = job_nodes()
+    procs = num_procs(trainer, job)
     logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
-        nproc_per_node=num_procs(trainer, job),
+        nproc_per_node=procs,
         run_id=nodes.run_id,
         rdzv_backend="c10d",
         rdzv_endpoint=nodes.endpoint,
@@ -52,7 +65,7 @@ def launch(trainer: CpuTrainer, job: Job, entry: str = TRAIN) -> None:
     )
     log.info(
         "Launching %d %s workers on node %d of %d (rendezvous %s, max_restarts=%d)",
-        num_procs(trainer, job),
+        procs,
         trainer.backend,
         nodes.rank,
         nodes.count,
@@ -69,7 +82,7 @@ def launch(trainer: CpuTrainer, job: Job, entry: str = TRAIN) -> None:
         payload = pickle.dumps((trainer, job))
         elastic_launch(config, run_worker)(payload, log_file, shown_warnings(), entry)
     except ChildFailedError as exc:
-        first = nodes.rank * num_procs(trainer, job)
+        first = nodes.rank * procs
         failures = {**recorded_failures(Path(logs), first), **exc.failures}
         rank = root_cause(failures)
         if not failure_text(failures[rank]).startswith(SlimeHydraError.__name__ + ":"):

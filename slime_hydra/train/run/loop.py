@@ -21,7 +21,6 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.log.sink import Sink
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.schedule import step_number
-from slime_hydra.schedule.steptime import simulate_step
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
 from slime_hydra.train.run.torchrun import TorchrunEnv
@@ -60,14 +59,15 @@ def run_steps(
     job: Job,
     env: TorchrunEnv,
     steps_done: int,
+    num_steps: int,
     sink: Sink,
     counters: dict[str, int] | None = None,
 ) -> None:
     """Train steps steps_done+1..num_steps (counted from 1); `sink` is rank 0's (one that does
     nothing elsewhere, where the progress line is below the log level too, rank_output.py);
-    `counters` are the loop's counts saved with the checkpoint it resumes from."""
+    `counters` are the loop's counts saved with the checkpoint it resumes from. Each step's row
+    puts the plan's prediction and batch/* metrics (job.planned) beside what was measured."""
     counters = {"skipped_steps": 0, **(counters or {})}
-    num_steps = trainer.num_steps(job)
     digest = checkpoint.schedule_digest(job.schedule)
     begun = time.perf_counter()
     for index in range(steps_done, num_steps):
@@ -82,8 +82,10 @@ def run_steps(
             )
             os._exit(1)
         tic = time.perf_counter()
-        result = engine.train_step(microbatches(job, index))
+        rank_mbs = microbatches(job, index)
+        result = engine.train_step(rank_mbs)
         step_s = time.perf_counter() - tic
+        trained = result.metrics()
         if result.overflow:
             counters["skipped_steps"] += 1
             log.info(
@@ -95,17 +97,18 @@ def run_steps(
         elif step_skipped(result, step, trainer.skip_nonfinite, job):
             counters["skipped_steps"] += 1
         tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
-        predicted = predicted_step(job, index)
+        planned = job.planned[index]
         sink.log(
             {
                 "step": step,
-                **result.metrics(),
+                **trained,
                 "train/skipped_steps": counters["skipped_steps"],
                 "perf/step_s": step_s,
                 "perf/tokens_per_s": tokens / step_s,
-                **predicted,
-                "perf/sim_ratio": step_s / predicted["sim/step_s"],
-                **job.batch_metrics(index),
+                "sim/step_s": planned.timing.step_s,
+                "sim/bubble_frac": planned.timing.bubble_frac,
+                "perf/sim_ratio": step_s / planned.timing.step_s,
+                **planned.metrics,
             }
         )
         eta = (time.perf_counter() - begun) / (step - steps_done) * (num_steps - step)
@@ -121,18 +124,6 @@ def run_steps(
         )
         if step == num_steps or (trainer.save_interval and step % trainer.save_interval == 0):
             save(engine, job, env, step, digest, counters, trainer.export_hf)
-
-
-def predicted_step(job: Job, index: int) -> dict[str, float]:
-    """The cost model's prediction of the schedule's step `index` (schedule/steptime.py under
-    job.cost, trainer.cost's calibration or the analytic model): sim/step_s beside the measured
-    perf/step_s, and sim/bubble_frac."""
-    lengths = job.schedule.lengths
-    step = job.schedule.steps[index]
-    timing = simulate_step(
-        [[[lengths[i] for i in mb] for mb in rank] for rank in step.ranks], job.layout, job.cost
-    )
-    return {"sim/step_s": timing.step_s, "sim/bubble_frac": timing.bubble_frac}
 
 
 def step_skipped(result: StepResult, step: int, skip_nonfinite: bool, job: Job) -> bool:

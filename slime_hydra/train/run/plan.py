@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
 
 from slime_hydra.log.sink import NoSink
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.memory import GIB, MemoryModel
 from slime_hydra.schedule.schedule import step_number
-from slime_hydra.schedule.steptime import simulate_step
 from slime_hydra.train.job import Job
 from slime_hydra.train.run.checks import check_knobs
 from slime_hydra.train.run.torchrun import is_rank_zero
@@ -37,15 +37,11 @@ def run_plan(trainer: PlanTrainer, job: Job) -> float:
     steps (the sweep objective), +inf if a micro-batch breaks the cap or is empty or a step
     needs more than trainer.memory_limit_gib per GPU. Under torchrun only rank 0 logs: it
     owns (and has locked) the run dir, so no other rank writes into it."""
+    rows = simulated_rows(trainer, job)
     sink = open_sinks(job.logger, job.run, job.schedule, table=True) if is_rank_zero() else NoSink()
     total = 0.0
     try:
-        for step in job.schedule.steps:
-            metrics = {
-                "step": step_number(step.step),
-                **job.batch_metrics(step.step),
-                **simulate(trainer, job, step),
-            }
+        for metrics in rows:
             sink.log(metrics)
             broken = metrics["batch/cap_violations"] or metrics["batch/empty_microbatches"]
             total += math.inf if broken else metrics["sim/step_s"]
@@ -53,6 +49,14 @@ def run_plan(trainer: PlanTrainer, job: Job) -> float:
     finally:
         sink.close()
     return total
+
+
+def simulated_rows(trainer: PlanTrainer, job: Job) -> Iterator[dict[str, float | int | None]]:
+    """Each step's row, simulated as it is logged: its number, the plan's batch/* metrics
+    (job.planned) and the sim/* metrics of `simulate`."""
+    for step in job.schedule.steps:
+        sim = simulate(trainer, job, step)
+        yield {"step": step_number(step.step), **job.planned[step.step].metrics, **sim}
 
 
 def memory_penalty(trainer: PlanTrainer, step: int, peak_gib: float) -> float:
@@ -74,15 +78,13 @@ def memory_penalty(trainer: PlanTrainer, step: int, peak_gib: float) -> float:
 
 def simulate(trainer: PlanTrainer, job: Job, step: StepSchedule) -> dict[str, float | int]:
     """sim/* metrics: the step time of megatron's schedule under the job's cost model
-    (schedule/steptime.py: the slowest DP rank's pipeline, then the all-reduce and optimizer),
-    the idle share of all pipeline stages of all DP ranks, the peak micro-batch tokens per
-    GPU, and the peak memory of the fullest GPU (schedule/memory.py) for the job's model."""
-    layout, lengths = job.layout, job.schedule.lengths
+    (job.planned: schedule/steptime.py's slowest DP rank's pipeline, then the all-reduce and
+    optimizer), the idle share of all pipeline stages of all DP ranks, the peak micro-batch
+    tokens per GPU, and the peak memory of the fullest GPU (schedule/memory.py) for the job's
+    model."""
+    layout, timing = job.layout, job.planned[step.step].timing
     memory = MemoryModel(job.dims, layout, trainer.use_distributed_optimizer)
-    timing = simulate_step(
-        [[[lengths[i] for i in mb] for mb in rank] for rank in step.ranks], layout, job.cost
-    )
-    tokens = step.microbatch_tokens(lengths)
+    tokens = step.microbatch_tokens(job.schedule.lengths)
     peak = max(t for rank in tokens for t in rank)
     return {
         "sim/step_s": timing.step_s,

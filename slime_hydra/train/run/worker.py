@@ -109,9 +109,10 @@ def steps_done(
 @contextmanager
 def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[TorchrunEnv]:
     """What every worker entry point (train, the calibration's measure) runs inside: the
-    torchrun env, SIGTERM raised as Stopped, this rank's share of the threads and the process
-    groups; this rank's own error recorded before teardown makes its peers fail as well (the
-    launcher reports the rank where a failure happened, train/run/launch.py)."""
+    torchrun env, SIGTERM raised as Stopped, this rank's share of the threads, the process
+    groups, the job's seeds, and rank 0's run dir checked as this rank's; this rank's own error
+    recorded before teardown makes its peers fail as well (the launcher reports the rank where
+    a failure happened, train/run/launch.py)."""
     env = torchrun_env()
     if env is None:
         raise SlimeHydraError(f"{entry}() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
@@ -120,6 +121,8 @@ def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[Torchrun
     layout = job.layout
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
     try:
+        seed_everything(job.seed)
+        check_same_run_dir(job)
         yield env
     except (Exception, Stopped) as exc:
         get_error_handler().record_exception(exc)
@@ -130,12 +133,12 @@ def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[Torchrun
 
 @record
 def train(trainer: CpuTrainer, job: Job) -> None:
-    """Worker entry point: the same function under torchrun and under the elastic launcher."""
+    """Worker entry point, the same under torchrun and under the elastic launcher: join the
+    process groups, build the engine, resume, open rank 0's log, run the steps, close."""
     with rank_process(trainer, job, "train") as env:
-        check_same_run_dir(job)
-        seed_everything(job.seed)
         engine = build_engine(trainer, job)
         done, counters = steps_done(trainer, job, env, engine)
+        num_steps = trainer.num_steps(job)
         # Rank 0 logs (metrics.jsonl keeps the rows of the steps done: each step once); every
         # other rank gets a sink that does nothing.
         sink = open_sinks(job.logger, job.run, job.schedule, done) if env.rank == 0 else NoSink()
@@ -143,6 +146,6 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()
         try:
-            run_steps(engine, trainer, job, env, done, sink, counters)
+            run_steps(engine, trainer, job, env, done, num_steps, sink, counters)
         finally:
             close_sink(sink)

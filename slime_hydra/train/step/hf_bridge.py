@@ -160,43 +160,46 @@ def _mbridge_version() -> str:
     return version("mbridge")
 
 
-def hf_tensors(
-    chunks: list[torch.nn.Module], dims: ModelDims
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, whole tensor on CPU) of the model, on every rank (all must iterate it together:
-    TP gathers and PP broadcasts); each tensor in the source checkpoint's dtype when it has one."""
-    models = unwrap(chunks)
-    dtypes = {}
-    if dims.path is not None:
-        dtypes = {
-            name: SAFETENSORS_DTYPES.get(code)
-            for name, code in HfCheckpoint.open(dims.path).weight_dtypes().items()
-        }
-    for name, tensor in make_bridge(models, dims).export_weights(models):
-        dtype = dtypes.get(name) or tensor.dtype
-        yield name, tensor.detach().to("cpu", dtype).contiguous().clone()
-
-
 def export_hf(chunks: list[torch.nn.Module], dims: ModelDims, out_dir: Path) -> None:
     """Write the model as an HF checkpoint in `out_dir` (rank 0 writes; every rank calls):
     safetensors (sharded past SHARD_BYTES, with an index), config.json and the source dir's
     other files (generation config, tokenizer). The dir is written whole or not at all
     (files.write_dir: a fresh dir beside it, renamed into place; no symlink followed, a full
-    disk named as such), so a failed export leaves the previous one."""
+    disk named as such), so a failed export leaves the previous one. The bridge, the config and
+    what the source checkpoint says (its dtypes and side files) come first; then every rank
+    gathers the tensors (TP gathers, PP broadcasts), each on CPU in the source's dtype if any."""
+    models = unwrap(chunks)
+    bridge = make_bridge(models, dims)
+    config = hf_config(dims) if dims.path is None else None
+    source = None if dims.path is None else HfCheckpoint.open(dims.path)
+    codes = {} if source is None else source.weight_dtypes()
+    dtypes = {name: SAFETENSORS_DTYPES.get(code) for name, code in codes.items()}
+    side_files = [] if source is None else source.side_files()
+    tensors = (
+        (name, tensor.detach().to("cpu", dtypes.get(name) or tensor.dtype).contiguous().clone())
+        for name, tensor in bridge.export_weights(models)
+    )
     if dist.get_rank() == 0:
-        write_dir(out_dir, lambda stage: _write_export(chunks, dims, stage), out_dir.parent)
+        write_dir(
+            out_dir, lambda stage: _write_export(tensors, config, side_files, stage), out_dir.parent
+        )
     else:
-        _write_export(chunks, dims, None)
+        for _gathered in tensors:  # the other ranks take part in every gather, keeping nothing
+            pass
     dist.barrier()
 
 
-def _write_export(chunks: list[torch.nn.Module], dims: ModelDims, stage: Path | None) -> None:
-    """Gather the HF tensors with every rank; the writer (`stage` given) writes them there."""
+def _write_export(
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    config: Any | None,
+    side_files: list[Path],
+    stage: Path,
+) -> None:
+    """Write the gathered tensors into `stage` in shards, then the names HF expects, and
+    config.json (`config`, for a model without a source dir) or the source's side files."""
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for name, tensor in hf_tensors(chunks, dims):
-        if stage is None:
-            continue
+    for name, tensor in tensors:
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > SHARD_BYTES:
             _flush(shards, stage)
@@ -204,8 +207,7 @@ def _write_export(chunks: list[torch.nn.Module], dims: ModelDims, stage: Path | 
             size = 0
         shards[-1][name] = tensor
         size += nbytes
-    if stage is not None:
-        _finish(shards, stage, dims)
+    _finish(shards, stage, config, side_files)
 
 
 def _shard_name(i: int) -> str:
@@ -221,9 +223,11 @@ def _flush(shards: list[dict[str, torch.Tensor]], stage: Path) -> None:
     shards[i] = dict.fromkeys(shards[i])
 
 
-def _finish(shards: list[dict[str, Any]], stage: Path, dims: ModelDims) -> None:
-    """The last shard, the names HF expects (one file, or -of-N files and an index), config.json
-    and the source's side files."""
+def _finish(
+    shards: list[dict[str, Any]], stage: Path, config: Any | None, side_files: list[Path]
+) -> None:
+    """The last shard, the names HF expects (one file, or -of-N files and an index), and
+    config.json or the source's side files."""
     _flush(shards, stage)
     n = len(shards)
     if n == 1:
@@ -236,11 +240,10 @@ def _finish(shards: list[dict[str, Any]], stage: Path, dims: ModelDims) -> None:
             weight_map |= dict.fromkeys(names, final)
         index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
         (stage / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    if dims.path is not None:
-        for file in HfCheckpoint.open(dims.path).side_files():
-            shutil.copy2(file, stage / file.name)
-    else:
-        hf_config(dims).save_pretrained(str(stage))
+    for file in side_files:
+        shutil.copy2(file, stage / file.name)
+    if config is not None:
+        config.save_pretrained(str(stage))
 
 
 def load_into_engine(engine: Any, dims: ModelDims) -> None:
