@@ -167,18 +167,24 @@ def test_a_checkpoint_of_another_model_shape_is_refused_before_launch(run_dir):
     assert_untouched(before, run_dir)
 
 
-def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
-    """Adam moments of another shape, with their shape record: only the worker's load sees
-    that they do not fit the parameters."""
+def test_adam_moments_of_another_shape_are_refused_before_launch(run_dir):
+    """Moments edited with their shape record, so only the parameters they belong to tell: the
+    resume is refused before any worker starts, and the dir is left as it was."""
     path = run_dir / "checkpoints/step_000002/rank_000.pt"
     state = torch.load(path, weights_only=True)
-    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
-    state["shapes"]["optimizer/state/0/exp_avg"] = [3]
+    state["optimizer"]["state"][4]["exp_avg_sq"] = torch.zeros(3)
+    state["shapes"]["optimizer/state/4/exp_avg_sq"] = [3]
     torch.save(state, path)
+    before = snapshot(run_dir)
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(out, "training failed on rank 0", "does not fit this rank's model")
-    assert "failed on rank 1" not in text
-    assert "caused by a ." not in text and "pair.cc" not in text  # rank 1's message in full
+    text = refused(
+        out,
+        "rank_000.pt: the optimizer's exp_avg_sq of parameter 4 "
+        "(0.decoder.layers.0.mlp.linear_fc2.weight) has shape [3], and this run's model gives "
+        "that weight [128, 512]",
+    )
+    assert "Launching" not in text
+    assert_untouched(before, run_dir)
 
 
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
