@@ -216,13 +216,14 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if multirun:  # first: the sweep line counts this job however early it stops
+        _note(sweep_dir, job_dir, None)
     held_before = bool(holds_run(job_dir))
     attempt = Attempt()
     signal.signal(signal.SIGTERM, _raise_stopped)
     if not multirun:
         return _main(cfg, job_dir, held_before, attempt)
-    sweep_dir = Path(hydra_cfg.sweep.dir)
-    _note(sweep_dir, job_dir, None)
     objective = _main(cfg, job_dir, held_before, attempt, multirun=True)
     _note(sweep_dir, job_dir, attempt.failed)
     return objective
@@ -230,10 +231,11 @@ def main(cfg: DictConfig) -> float | None:
 
 def _note(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
     """note_sweep_job; one that cannot be written (a link planted in the sweep dir while it
-    runs) is logged, and the job goes on: the sweep line then misses it."""
+    runs, a full disk) is logged, and the job goes on: the sweep line then counts it by its
+    dir."""
     try:
         note_sweep_job(sweep_dir, job_dir, failed)
-    except SlimeHydraError as exc:
+    except (SlimeHydraError, OSError) as exc:
         log.error("the sweep line will not count %s: %s", job_dir, exc)
 
 

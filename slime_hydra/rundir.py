@@ -282,6 +282,7 @@ class RunDirPath(Callback):
         self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         # Hydra writes multirun.yaml and the jobs sweep_jobs.jsonl and their dirs: no link.
         self._refuse(refuse_links, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(check_sweep_jobs, Path(config.hydra.sweep.dir))
         self._refuse(check_job_dirs, config)
 
     @staticmethod
@@ -291,6 +292,18 @@ class RunDirPath(Callback):
         except SlimeHydraError as exc:
             print(exc, file=sys.stderr, flush=True)
             sys.exit(1)
+
+
+def check_sweep_jobs(sweep_dir: Path) -> None:
+    """The sweep dir's SWEEP_JOBS, where each job notes its start and outcome, is a regular file
+    or absent: one a job cannot append to would leave its jobs out of the sweep line."""
+    path = Path(sweep_dir) / SWEEP_JOBS
+    if os.path.lexists(path) and not path.is_file():
+        raise SlimeHydraError(
+            f"{path} is not a regular file: each job of a sweep appends its start and outcome "
+            "there, for the line the sweep ends with. No job was run. Remove it, or pass "
+            "another hydra.sweep.dir."
+        )
 
 
 def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:

@@ -108,3 +108,16 @@ def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "-m", "trainer=plan", *args]
     cmd.append("logger=jsonl")
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_jobs_file_that_is_a_dir_is_refused_before_any_job(tmp_path):
+    """Each job appends its start there: a dir in its place raised IsADirectoryError in the
+    first job, with a traceback and no sweep line."""
+    sweep = tmp_path / "sweep"
+    (sweep / "sweep_jobs.jsonl").mkdir(parents=True)
+    out = run_sweep("seed=1,2", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert f"{sweep / 'sweep_jobs.jsonl'} is not a regular file" in text
+    assert "No job was run" in text
+    assert sorted(p.name for p in sweep.iterdir()) == ["sweep_jobs.jsonl"]
