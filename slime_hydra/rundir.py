@@ -306,14 +306,76 @@ def check_sweep_jobs(sweep_dir: Path) -> None:
         )
 
 
-def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
-    """Append this job's start (`failed` None) or outcome to the sweep dir's SWEEP_JOBS (one
-    short O_APPEND write, so jobs running in parallel never interleave a line)."""
-    entry = {"job": os.path.relpath(job_dir, sweep_dir)}
+SWEEP_START = {"sweep": "start"}
+"""The SWEEP_JOBS line a sweep begins with: the jobs' lines after the last one are this sweep's."""
+
+
+def note_sweep_start(sweep_dir: Path) -> None:
+    """Mark in SWEEP_JOBS where this sweep's jobs begin (sweep.SweepSummary, before any job)."""
+    with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
+        f.write(json.dumps(SWEEP_START) + "\n")
+
+
+def note_sweep_job(
+    sweep_dir: Path, job_dir: Path, failed: bool | None, num: int | None = None
+) -> None:
+    """Append this job's start (`failed` None, with its job number `num`) or outcome to the
+    sweep dir's SWEEP_JOBS (one short O_APPEND write, so jobs running in parallel never
+    interleave a line)."""
+    entry: dict[str, Any] = {"job": os.path.relpath(job_dir, sweep_dir)}
     if failed is not None:
         entry["failed"] = failed
+    if num is not None:
+        entry["num"] = num
     with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
         f.write(json.dumps(entry) + "\n")
+
+
+def first_job_in(sweep_dir: Path, job_dir: Path) -> int | None:
+    """The number of the first job of this sweep (after the last SWEEP_START) that started in
+    `job_dir`, from SWEEP_JOBS; None where none did or the file cannot be read."""
+    rel = os.path.relpath(job_dir, sweep_dir)
+    try:
+        with (Path(sweep_dir) / SWEEP_JOBS).open("rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a torn line: a job killed mid-write
+    starts = [i for i, e in enumerate(entries) if e == SWEEP_START]
+    for entry in entries[starts[-1] + 1 if starts else 0 :]:
+        if isinstance(entry, dict) and entry.get("job") == rel and "failed" not in entry:
+            num = entry.get("num")
+            return num if isinstance(num, int) else None
+    return None
+
+
+def check_sweep_job_dir(sweep_dir: Path, job_dir: Path, num: int, subdir: Any) -> None:
+    """Any sweeper's job, as it starts (after noting its start): its dir lies below the sweep
+    dir and no earlier job of this sweep started in it. The basic sweeper's job dirs are
+    checked before any job runs (check_job_dirs); another sweeper (optuna) picks its jobs as it
+    goes, so each is checked by its own dir: `subdir` is hydra.sweep.subdir unresolved."""
+    sweep = Path(sweep_dir).absolute()
+    where = Path(os.path.normpath(Path(job_dir).absolute()))
+    fix = "Name the job dirs by number with hydra.sweep.subdir='${hydra.job.num}'"
+    if where == sweep or sweep not in where.parents:
+        place = "the sweep dir itself" if where == sweep else "outside hydra.sweep.dir"
+        raise RunDirError(
+            f"job {num} of this sweep would run in {where}, {place} ({sweep}): "
+            f"hydra.sweep.subdir={subdir} must name a dir below it, one per job. This job was "
+            f"not run. {fix}."
+        )
+    first = first_job_in(sweep_dir, job_dir)
+    if first is not None and first != num:
+        raise RunDirError(
+            f"jobs {first} and {num} of this sweep would both run in {where}: "
+            f"hydra.sweep.subdir={subdir} gives them one dir, and a dir holds one run, so job "
+            f"{num} was not run. {fix} (or put it in the subdir)."
+        )
 
 
 def holds_run(run_dir: Path) -> list[str]:

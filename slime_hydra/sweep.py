@@ -11,7 +11,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from slime_hydra.report.rundir import JOB_MARKS, job_dirs, job_ran, sweep_outcomes
-from slime_hydra.rundir import ERROR_FILE, LOG_FILE, SWEEP_JOBS
+from slime_hydra.rundir import ERROR_FILE, LOG_FILE, SWEEP_JOBS, note_sweep_start
 
 MAX_NAMED = 3
 """Failed jobs named one by one in the line; beyond, the line points at the sweep dir."""
@@ -61,6 +61,8 @@ class SweepSummary(Callback):
         jobs = sweep_dir / SWEEP_JOBS
         self._offset = jobs.stat().st_size if jobs.is_file() else 0
         self._before = set(job_dirs(sweep_dir, JOB_DIR_MARKS)) if sweep_dir.is_dir() else set()
+        if sweep_dir.is_dir():  # each job checks its dir against this sweep's jobs only
+            note_sweep_start(sweep_dir)
         old = sweep_dir / "multirun.yaml"
         if old.is_file() and not old.is_symlink():
             k = 1
