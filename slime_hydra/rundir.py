@@ -86,6 +86,21 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
+class NoAliasLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader refusing aliases (`*name`): a config.yaml as the app writes it
+    holds none, and a few nested ones expand to billions of nodes (the "billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "found an alias (*name), which no config.yaml of a run holds",
+                self.peek_event().start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
 class RunDirLock:
     """An exclusive flock on `<run dir>/.lock`, held until `release()` or process exit.
 
@@ -106,6 +121,11 @@ class RunDirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except SlimeHydraError as exc:
             raise RunDirError(str(exc)) from None
+        except IsADirectoryError:
+            raise RunDirError(
+                f"{self.path} is a directory: it must be the run dir's lock file (a run writes its "
+                f"pid there). Remove it from {self.path.parent}, or pass a new hydra.run.dir."
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -135,9 +155,16 @@ class RunDirLock:
         self._fd = None
 
 
-def make_run_dir(path: Path, key: str) -> None:
+def make_run_dir(path: str | Path, key: str) -> None:
     """Create the dir `key` (hydra.run.dir or hydra.sweep.dir) names, or raise our error saying
-    why it cannot be one: a file, under a file, a name too long, no permission, a full disk."""
+    why it cannot be one: empty (the current dir: a typo such as an unset shell variable), a
+    file, under a file, a name too long, no permission, a full disk."""
+    if not str(path).strip():
+        raise SlimeHydraError(
+            f"{key} is empty, which would write the run's files into the current directory "
+            f"({os.getcwd()}): pass {key}=DIR (an unset shell variable in the command?), or drop "
+            "the override for the default under outputs/."
+        )
     why = {
         errno.EEXIST: "it is a file, not a directory",
         errno.ENOTDIR: "a part of it is a file, not a directory",
@@ -274,12 +301,12 @@ class RunDirPath(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.run.dir or stop with our message."""
         self._refuse(check_hydra_files, config, Path(config.hydra.run.dir))
-        self._refuse(make_run_dir, Path(config.hydra.run.dir), "hydra.run.dir")
+        self._refuse(make_run_dir, str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
         self._refuse(check_hydra_files, config, Path(config.hydra.sweep.dir))
-        self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(make_run_dir, str(config.hydra.sweep.dir), "hydra.sweep.dir")
         # Hydra writes multirun.yaml and the jobs sweep_jobs.jsonl and their dirs: no link.
         self._refuse(refuse_links, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
         self._refuse(check_sweep_jobs, Path(config.hydra.sweep.dir))
@@ -462,7 +489,7 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
     except SlimeHydraError as exc:
         raise RunDirError(str(exc)) from None
     try:
-        old = yaml.safe_load(text)
+        old = yaml.load(text, Loader=NoAliasLoader)
     except (yaml.YAMLError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else "nested too deep"
         raise RunDirError(

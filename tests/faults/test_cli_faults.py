@@ -232,9 +232,14 @@ def test_swapped_rank_files_are_refused_before_launch(run_dir):
         ("empty_config", "config.yaml is empty, not the config of a run"),
         ("latin1_config", "config.yaml is not UTF-8 text: byte 0xe9"),
         ("arabic_latest", "holds '٣', not a step count"),
+        ("alias_bomb_config", "config.yaml is not readable YAML (found an alias (*name), which"),
+        ("lock_dir", ".lock is a directory: it must be the run dir's lock file"),
+        ("checkpoints_file", "checkpoints is not a directory, so it holds no checkpoints"),
     ],
 )
 def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_dir, damage, needle):
+    """alias_bomb_config: nested YAML aliases (a billion "x") were a MemoryError or the OOM
+    killer; lock_dir: IsADirectoryError's traceback; checkpoints_file: 'holds no checkpoint'."""
     metrics, config = run_dir / "metrics.jsonl", run_dir / "config.yaml"
     if damage == "middle_line":
         metrics.write_text('{"step": 1, "train/lo\n' + metrics.read_text().splitlines()[1] + "\n")
@@ -247,11 +252,41 @@ def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_d
         config.write_text("")
     elif damage == "latin1_config":
         config.write_bytes(config.read_bytes() + "# café\n".encode("latin-1"))
+    elif damage == "alias_bomb_config":
+        rows = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+        pairs = zip("abcdefgh", "bcdefghi", strict=True)
+        rows += [f"{b}: &{b} [{','.join([f'*{a}'] * 9)}]" for a, b in pairs]
+        config.write_text("\n".join(rows) + "\n")
+    elif damage == "lock_dir":
+        (run_dir / ".lock").unlink()
+        (run_dir / ".lock").mkdir()
+    elif damage == "checkpoints_file":
+        shutil.rmtree(run_dir / "checkpoints")
+        (run_dir / "checkpoints").write_text("not a dir\n")
     else:
         (run_dir / "checkpoints/latest").write_text("٣\n")
     before = snapshot(run_dir)
     refused(cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true"), needle)
     assert_untouched(before, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (("hydra.run.dir=",), "hydra.run.dir"),
+        (("-m", "seed=1,2", "hydra.sweep.dir= "), "hydra.sweep.dir"),
+    ],
+    ids=["run", "sweep"],
+)
+def test_an_empty_run_or_sweep_dir_is_refused_not_the_current_dir(tmp_path, args, key):
+    """An empty hydra.run.dir (an unset shell variable) wrote the run into the current dir."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *args, "trainer=plan"]
+    out = subprocess.run(
+        [*cmd, "logger=jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    refused(out, f"{key} is empty, which would write the run's files into the current directory")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_the_dir_to_a_fixed_rerun(tmp_path):

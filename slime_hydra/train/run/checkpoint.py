@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
 import random
 from collections.abc import Mapping
@@ -89,6 +90,12 @@ def identity(layout: ParallelLayout, dims: ModelDims) -> dict[str, Any]:
 def latest_step(run_dir: Path) -> int | None:
     """Steps done at the last complete checkpoint, or None when there is none."""
     path = checkpoint_root(run_dir) / "latest"
+    if os.path.lexists(path.parent) and not path.parent.is_dir():
+        raise SlimeHydraError(
+            f"{path.parent} is not a directory, so it holds no checkpoints: it must be the dir "
+            "the run saves them in. Move it away (and restore the checkpoints dir to resume), or "
+            "start a new run dir."
+        )
     if not path.exists():
         return None
     if path.is_file():
