@@ -68,11 +68,12 @@ def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
                 check_inside(Path(where) / name, Path(root), key)
 
 
-def make_dirs(path: Path, root: Path) -> None:
-    """mkdir -p `path` below `root`, refusing a symlink on the way."""
-    check_inside(path, root)
+def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
+    """mkdir -p `path` below `root`, refusing a symlink on the way (`key`: the setting that
+    names the dir, for the message)."""
+    check_inside(path, root, key)
     Path(path).mkdir(parents=True, exist_ok=True)
-    check_inside(path, root)
+    check_inside(path, root, key)
 
 
 def disk_full(path: Path, needed: int | None) -> SlimeHydraError:
