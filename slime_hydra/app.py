@@ -28,6 +28,7 @@ from slime_hydra.rundir import (
     LOG_FILE,
     RunDirError,
     RunDirLock,
+    check_sweep_job_dir,
     claim,
     discard_run_files,
     holds_run,
@@ -224,24 +225,26 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     job_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode == RunMode.MULTIRUN
+    sweep_dir = Path(hydra_cfg.sweep.dir)
+    if multirun:  # first: the sweep line counts this job however early it stops
+        _note(sweep_dir, job_dir, None, hydra_cfg.job.num)
     held_before = bool(holds_run(job_dir))
     attempt = Attempt()
     signal.signal(signal.SIGTERM, _raise_stopped)
     if not multirun:
         return _main(cfg, job_dir, held_before, attempt)
-    sweep_dir = Path(hydra_cfg.sweep.dir)
-    _note(sweep_dir, job_dir, None)
     objective = _main(cfg, job_dir, held_before, attempt, multirun=True)
     _note(sweep_dir, job_dir, attempt.failed)
     return objective
 
 
-def _note(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
+def _note(sweep_dir: Path, job_dir: Path, failed: bool | None, num: int | None = None) -> None:
     """note_sweep_job; one that cannot be written (a link planted in the sweep dir while it
-    runs) is logged, and the job goes on: the sweep line then misses it."""
+    runs, a full disk) is logged, and the job goes on: the sweep line then counts it by its
+    dir."""
     try:
-        note_sweep_job(sweep_dir, job_dir, failed)
-    except SlimeHydraError as exc:
+        note_sweep_job(sweep_dir, job_dir, failed, num)
+    except (SlimeHydraError, OSError) as exc:
         log.error("the sweep line will not count %s: %s", job_dir, exc)
 
 
@@ -249,6 +252,10 @@ def _main(
     cfg: DictConfig, job_dir: Path, held_before: bool, attempt: Attempt, multirun: bool = False
 ) -> float | None:
     try:
+        if multirun:
+            hydra_cfg = HydraConfig.get()
+            subdir = OmegaConf.to_container(hydra_cfg.sweep, resolve=False)["subdir"]
+            check_sweep_job_dir(Path(hydra_cfg.sweep.dir), job_dir, hydra_cfg.job.num, subdir)
         return run(cfg, attempt)
     except SlimeHydraError as exc:
         log.error("%s", exc)

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, get_type_hints
 
@@ -313,6 +314,17 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
         runtime["step_cost"] = cost
     strategy = build(cfg.batching, layout=layout, **runtime)
     strategy.check_step_size(strategy.global_batch_size)
+    timeout = OmegaConf.select(cfg, "logger.init_timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise SlimeHydraError(
+            f"logger.init_timeout={timeout} must be a positive number of seconds (how long "
+            "wandb.init may wait for the server); e.g. logger.init_timeout=60."
+        )
     group = OmegaConf.select(cfg, "data.n_samples_per_prompt")
     if isinstance(group, int) and group < 1:
         raise SlimeHydraError(

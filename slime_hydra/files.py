@@ -12,6 +12,7 @@ outside the run dir).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -20,6 +21,7 @@ import re
 import secrets
 import shutil
 import stat
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -66,11 +68,12 @@ def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
                 check_inside(Path(where) / name, Path(root), key)
 
 
-def make_dirs(path: Path, root: Path) -> None:
-    """mkdir -p `path` below `root`, refusing a symlink on the way."""
-    check_inside(path, root)
+def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
+    """mkdir -p `path` below `root`, refusing a symlink on the way (`key`: the setting that
+    names the dir, for the message)."""
+    check_inside(path, root, key)
     Path(path).mkdir(parents=True, exist_ok=True)
-    check_inside(path, root)
+    check_inside(path, root, key)
 
 
 def disk_full(path: Path, needed: int | None) -> SlimeHydraError:
@@ -82,7 +85,7 @@ def disk_full(path: Path, needed: int | None) -> SlimeHydraError:
     )
 
 
-def _is_enospc(exc: BaseException) -> bool:
+def is_disk_full(exc: BaseException) -> bool:
     """Whether `exc` (or what it wraps: torch.save turns an OSError into a RuntimeError) is a
     full disk or quota."""
     seen: BaseException | None = exc
@@ -125,14 +128,14 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
             try:
                 _write_one(fd, content)
             except BaseException as exc:
-                if _is_enospc(exc):
+                if is_disk_full(exc):
                     needed = None if callable(content) else len(content)
                     raise disk_full(Path(path), needed) from None
                 raise
         for tmp, path in staged:
             os.replace(tmp, path)  # replaces a planted link itself, never its target
     except OSError as exc:
-        if _is_enospc(exc):
+        if is_disk_full(exc):
             raise disk_full(staged[-1][1] if staged else Path(root), None) from None
         raise
     finally:
@@ -172,7 +175,7 @@ def write_dir(path: Path, fill: Callable[[Path], None], root: Path) -> None:
                 os.rename(old, path)
             raise
     except BaseException as exc:
-        if _is_enospc(exc):
+        if is_disk_full(exc):
             raise disk_full(path, None) from None
         raise
     finally:
@@ -196,9 +199,81 @@ def open_append(path: Path, root: Path) -> IO[str]:
     return os.fdopen(os.open(path, flags, 0o644), "a", encoding="utf-8")
 
 
+def append_whole(f: IO[str], text: str, path: Path) -> None:
+    """Append `text` to `f` (from open_append, never written through its buffer) whole or not
+    at all: a write the disk cuts short is taken back (the file truncated to its size before),
+    so no torn line is left, and a full disk is our error naming `path` and the bytes needed."""
+    data = text.encode()
+    fd = f.fileno()
+    size = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        os.ftruncate(fd, size)
+        if is_disk_full(exc):
+            raise disk_full(Path(path), len(data)) from None
+        raise
+
+
+def stdout_full(exc: BaseException) -> bool:
+    """Whether `exc` is a full disk under stdout (output redirected to a file). If so, say so
+    once on stderr and send the rest of stdout to /dev/null, so that neither the next print or
+    log line nor the flush at exit fails again: the console is a view, the run goes on."""
+    if not is_disk_full(exc):
+        return False
+    try:
+        where = os.readlink("/proc/self/fd/1")
+    except OSError:
+        where = "stdout"
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stderr.write(
+        f"no space left on the device of {where} (stdout): the console output stops here, the "
+        "run goes on (metrics.jsonl and the log file are written as before). Free space there.\n"
+    )
+    return True
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """The job's console log (Hydra's `console` handler, conf/config.yaml): on stdout redirected
+    to a full disk it says so once (stdout_full) instead of a traceback per record."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if exc is None or not stdout_full(exc):
+            super().handleError(record)
+
+
 class NoFollowFileHandler(logging.FileHandler):
     """A logging.FileHandler that never appends through a symlink (Hydra's job log, a rank's
-    log): a planted link gets no log, and the run refuses the dir (refuse_links)."""
+    log): a planted link gets no log, and the run refuses the dir (refuse_links). On a full disk
+    it says so once, in one line on stderr, and logs no more to the file (logging's default is a
+    traceback per record)."""
+
+    full: bool = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.full:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        if exc is None or not is_disk_full(exc):
+            super().handleError(record)
+            return
+        self.full = True
+        if self.stream is not None:
+            with contextlib.suppress(OSError):  # closing flushes what the disk refused: fails
+                self.stream.close()
+            self.stream = None
+        sys.stderr.write(
+            f"no space left on the device of {self.baseFilename}: this log stops here; the "
+            "run's messages still go to the console. Free space there, or pass a hydra.run.dir "
+            "on another disk.\n"
+        )
 
     def _open(self) -> IO[str]:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)

@@ -86,6 +86,21 @@ def _read_fd(fd: int) -> bytes:
     return os.pread(fd, os.fstat(fd).st_size, 0)
 
 
+class NoAliasLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader refusing aliases (`*name`): a config.yaml as the app writes it
+    holds none, and a few nested ones expand to billions of nodes (the "billion laughs")."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(
+                None,
+                None,
+                "found an alias (*name), which no config.yaml of a run holds",
+                self.peek_event().start_mark,
+            )
+        return super().compose_node(parent, index)
+
+
 class RunDirLock:
     """An exclusive flock on `<run dir>/.lock`, held until `release()` or process exit.
 
@@ -106,6 +121,11 @@ class RunDirLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except SlimeHydraError as exc:
             raise RunDirError(str(exc)) from None
+        except IsADirectoryError:
+            raise RunDirError(
+                f"{self.path} is a directory: it must be the run dir's lock file (a run writes its "
+                f"pid there). Remove it from {self.path.parent}, or pass a new hydra.run.dir."
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -135,9 +155,16 @@ class RunDirLock:
         self._fd = None
 
 
-def make_run_dir(path: Path, key: str) -> None:
+def make_run_dir(path: str | Path, key: str) -> None:
     """Create the dir `key` (hydra.run.dir or hydra.sweep.dir) names, or raise our error saying
-    why it cannot be one: a file, under a file, a name too long, no permission, a full disk."""
+    why it cannot be one: empty (the current dir: a typo such as an unset shell variable), a
+    file, under a file, a name too long, no permission, a full disk."""
+    if not str(path).strip():
+        raise SlimeHydraError(
+            f"{key} is empty, which would write the run's files into the current directory "
+            f"({os.getcwd()}): pass {key}=DIR (an unset shell variable in the command?), or drop "
+            "the override for the default under outputs/."
+        )
     why = {
         errno.EEXIST: "it is a file, not a directory",
         errno.ENOTDIR: "a part of it is a file, not a directory",
@@ -274,14 +301,15 @@ class RunDirPath(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.run.dir or stop with our message."""
         self._refuse(check_hydra_files, config, Path(config.hydra.run.dir))
-        self._refuse(make_run_dir, Path(config.hydra.run.dir), "hydra.run.dir")
+        self._refuse(make_run_dir, str(config.hydra.run.dir), "hydra.run.dir")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Create hydra.sweep.dir and check its job dirs, or stop with our message."""
         self._refuse(check_hydra_files, config, Path(config.hydra.sweep.dir))
-        self._refuse(make_run_dir, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(make_run_dir, str(config.hydra.sweep.dir), "hydra.sweep.dir")
         # Hydra writes multirun.yaml and the jobs sweep_jobs.jsonl and their dirs: no link.
         self._refuse(refuse_links, Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+        self._refuse(check_sweep_jobs, Path(config.hydra.sweep.dir))
         self._refuse(check_job_dirs, config)
 
     @staticmethod
@@ -293,14 +321,88 @@ class RunDirPath(Callback):
             sys.exit(1)
 
 
-def note_sweep_job(sweep_dir: Path, job_dir: Path, failed: bool | None) -> None:
-    """Append this job's start (`failed` None) or outcome to the sweep dir's SWEEP_JOBS (one
-    short O_APPEND write, so jobs running in parallel never interleave a line)."""
-    entry = {"job": os.path.relpath(job_dir, sweep_dir)}
+def check_sweep_jobs(sweep_dir: Path) -> None:
+    """The sweep dir's SWEEP_JOBS, where each job notes its start and outcome, is a regular file
+    or absent: one a job cannot append to would leave its jobs out of the sweep line."""
+    path = Path(sweep_dir) / SWEEP_JOBS
+    if os.path.lexists(path) and not path.is_file():
+        raise SlimeHydraError(
+            f"{path} is not a regular file: each job of a sweep appends its start and outcome "
+            "there, for the line the sweep ends with. No job was run. Remove it, or pass "
+            "another hydra.sweep.dir."
+        )
+
+
+SWEEP_START = {"sweep": "start"}
+"""The SWEEP_JOBS line a sweep begins with: the jobs' lines after the last one are this sweep's."""
+
+
+def note_sweep_start(sweep_dir: Path) -> None:
+    """Mark in SWEEP_JOBS where this sweep's jobs begin (sweep.SweepSummary, before any job)."""
+    with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
+        f.write(json.dumps(SWEEP_START) + "\n")
+
+
+def note_sweep_job(
+    sweep_dir: Path, job_dir: Path, failed: bool | None, num: int | None = None
+) -> None:
+    """Append this job's start (`failed` None, with its job number `num`) or outcome to the
+    sweep dir's SWEEP_JOBS (one short O_APPEND write, so jobs running in parallel never
+    interleave a line)."""
+    entry: dict[str, Any] = {"job": os.path.relpath(job_dir, sweep_dir)}
     if failed is not None:
         entry["failed"] = failed
+    if num is not None:
+        entry["num"] = num
     with open_append(Path(sweep_dir) / SWEEP_JOBS, Path(sweep_dir)) as f:
         f.write(json.dumps(entry) + "\n")
+
+
+def first_job_in(sweep_dir: Path, job_dir: Path) -> int | None:
+    """The number of the first job of this sweep (after the last SWEEP_START) that started in
+    `job_dir`, from SWEEP_JOBS; None where none did or the file cannot be read."""
+    rel = os.path.relpath(job_dir, sweep_dir)
+    try:
+        with (Path(sweep_dir) / SWEEP_JOBS).open("rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue  # a torn line: a job killed mid-write
+    starts = [i for i, e in enumerate(entries) if e == SWEEP_START]
+    for entry in entries[starts[-1] + 1 if starts else 0 :]:
+        if isinstance(entry, dict) and entry.get("job") == rel and "failed" not in entry:
+            num = entry.get("num")
+            return num if isinstance(num, int) else None
+    return None
+
+
+def check_sweep_job_dir(sweep_dir: Path, job_dir: Path, num: int, subdir: Any) -> None:
+    """Any sweeper's job, as it starts (after noting its start): its dir lies below the sweep
+    dir and no earlier job of this sweep started in it. The basic sweeper's job dirs are
+    checked before any job runs (check_job_dirs); another sweeper (optuna) picks its jobs as it
+    goes, so each is checked by its own dir: `subdir` is hydra.sweep.subdir unresolved."""
+    sweep = Path(sweep_dir).absolute()
+    where = Path(os.path.normpath(Path(job_dir).absolute()))
+    fix = "Name the job dirs by number with hydra.sweep.subdir='${hydra.job.num}'"
+    if where == sweep or sweep not in where.parents:
+        place = "the sweep dir itself" if where == sweep else "outside hydra.sweep.dir"
+        raise RunDirError(
+            f"job {num} of this sweep would run in {where}, {place} ({sweep}): "
+            f"hydra.sweep.subdir={subdir} must name a dir below it, one per job. This job was "
+            f"not run. {fix}."
+        )
+    first = first_job_in(sweep_dir, job_dir)
+    if first is not None and first != num:
+        raise RunDirError(
+            f"jobs {first} and {num} of this sweep would both run in {where}: "
+            f"hydra.sweep.subdir={subdir} gives them one dir, and a dir holds one run, so job "
+            f"{num} was not run. {fix} (or put it in the subdir)."
+        )
 
 
 def holds_run(run_dir: Path) -> list[str]:
@@ -387,7 +489,7 @@ def claim(run_dir: Path, config: Mapping[str, Any], resume: bool) -> list[tuple[
     except SlimeHydraError as exc:
         raise RunDirError(str(exc)) from None
     try:
-        old = yaml.safe_load(text)
+        old = yaml.load(text, Loader=NoAliasLoader)
     except (yaml.YAMLError, RecursionError) as exc:
         first = str(exc).splitlines()[0] if str(exc) else "nested too deep"
         raise RunDirError(

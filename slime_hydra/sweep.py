@@ -10,21 +10,32 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from slime_hydra.report.rundir import sweep_outcomes
-from slime_hydra.rundir import ERROR_FILE, SWEEP_JOBS
+from slime_hydra.report.rundir import JOB_MARKS, job_dirs, job_ran, sweep_outcomes
+from slime_hydra.rundir import ERROR_FILE, LOG_FILE, SWEEP_JOBS, note_sweep_start
 
 MAX_NAMED = 3
 """Failed jobs named one by one in the line; beyond, the line points at the sweep dir."""
 
+JOB_DIR_MARKS = (*JOB_MARKS, LOG_FILE)
+"""What a job leaves in its dir however early it stopped: Hydra opens the job's log first."""
 
-def sweep_line(sweep_dir: Path, offset: int = 0) -> str:
+
+def sweep_line(sweep_dir: Path, offset: int = 0, before: set[Path] | None = None) -> str:
     """`sweep: N jobs, F failed (see ...)` for the jobs that reported to the sweep dir's
     sweep_jobs.jsonl past `offset` (where this sweep began): a job that ended failed (refused,
     or failed in training) or never ended (killed) failed; each one's error.txt (or dir, if it
-    wrote none) is named."""
+    wrote none) is named. With `before` (the job dirs the sweep dir held when this sweep began),
+    a job dir that appeared since without a line (its job stopped before writing it, or could
+    not write it) counts too: it succeeded if it logged metrics and recorded no error."""
     if not sweep_dir.is_dir():
         return f"sweep: 0 jobs ({sweep_dir} does not exist)"
     outcomes = sweep_outcomes(sweep_dir, offset)
+    if before is not None:
+        noted = {job for job, _ in outcomes}
+        for job in job_dirs(sweep_dir, JOB_DIR_MARKS):
+            rel = os.path.relpath(job, sweep_dir)
+            if job not in before and rel not in noted:
+                outcomes.append((rel, job_ran(job)))
     failed = list(dict.fromkeys(sweep_dir / job for job, ok in outcomes if not ok))
     head = f"sweep: {len(outcomes)} jobs, {sum(not ok for _, ok in outcomes)} failed"
     if not failed:
@@ -41,6 +52,7 @@ class SweepSummary(Callback):
 
     def __init__(self) -> None:
         self._offset = 0
+        self._before: set[Path] = set()
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Note the jobs an earlier sweep left in the sweep dir, and keep its multirun.yaml
@@ -48,6 +60,9 @@ class SweepSummary(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         jobs = sweep_dir / SWEEP_JOBS
         self._offset = jobs.stat().st_size if jobs.is_file() else 0
+        self._before = set(job_dirs(sweep_dir, JOB_DIR_MARKS)) if sweep_dir.is_dir() else set()
+        if sweep_dir.is_dir():  # each job checks its dir against this sweep's jobs only
+            note_sweep_start(sweep_dir)
         old = sweep_dir / "multirun.yaml"
         if old.is_file() and not old.is_symlink():
             k = 1
@@ -62,4 +77,5 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Print the count line (stdout: after the jobs, logging is the last job's)."""
-        print(sweep_line(Path(config.hydra.sweep.dir), self._offset), flush=True)
+        line = sweep_line(Path(config.hydra.sweep.dir), self._offset, self._before)
+        print(line, flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from slime_hydra.files import stdout_full
 from slime_hydra.log.sink import Metrics, RunInfo
 
 if TYPE_CHECKING:
@@ -36,7 +37,15 @@ class ConsoleSink:
         self._columns: list[tuple[str, str, int]] = []
 
     def log(self, metrics: Metrics) -> None:
-        """Print this step's row (and the header before the first)."""
+        """Print this step's row (and the header before the first); stdout on a full disk
+        stops the table with one line (files.stdout_full), never the run."""
+        try:
+            self._print(metrics)
+        except OSError as exc:
+            if not stdout_full(exc):
+                raise
+
+    def _print(self, metrics: Metrics) -> None:
         if not self._columns:
             self._columns = [
                 (key, fmt, max(len(header), len(fmt.format(0))))

@@ -4,7 +4,8 @@ Each step is in the file exactly once: a sink opened after k steps are done (a r
 elastic restart from the checkpoint after step k, so the run logs steps k+1, k+2, ...; steps
 count from 1) first rewrites the file to the rows of steps 1..k, which it will not log again.
 A torn last line (a process killed mid-write) is dropped with a warning; a bad line anywhere
-else is an error that names it.
+else is an error that names it. A full disk leaves no torn line: the row is written whole or
+not at all, and the error says the disk is full.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 from pathlib import Path
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import open_append, parse_json, read_bytes, write_file
+from slime_hydra.files import append_whole, open_append, parse_json, read_bytes, write_file
 from slime_hydra.log.sink import Metrics
 
 log = logging.getLogger(__name__)
@@ -83,9 +84,8 @@ class JsonlSink:
         self._file = open_append(self.path, self.path.parent)
 
     def log(self, metrics: Metrics) -> None:
-        """Write one line and flush it."""
-        self._file.write(json.dumps(metrics) + "\n")
-        self._file.flush()
+        """Append one line, whole or not at all (a full disk leaves no torn line: our error)."""
+        append_whole(self._file, json.dumps(metrics) + "\n", self.path)
 
     def close(self) -> None:
         """Close the file."""

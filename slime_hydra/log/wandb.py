@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from slime_hydra.files import write_file
+from slime_hydra.files import is_disk_full, write_file
 from slime_hydra.log.sink import Metrics, RunInfo
 from slime_hydra.log.summary import run_summary
 from slime_hydra.schedule import Schedule, breaks_cap
@@ -75,6 +75,7 @@ class WandbSink:
         self._schedule = schedule
         self._ok = True
         self._run: Any = None
+        self._dir = Path(run.run_dir) / "wandb"
         try:
             import wandb
 
@@ -109,8 +110,18 @@ class WandbSink:
             self._fail("start", exc)
 
     def _fail(self, action: str, exc: Exception) -> None:
-        """Warn (the first time only) and stop sending to wandb."""
-        if self._ok:
+        """Warn (the first time only) and stop sending to wandb; a full disk is said as such.
+        wandb's own debug log lies in the run dir too: on a full disk, logging's records to it
+        are dropped without a traceback each (`logging.raiseExceptions`)."""
+        if self._ok and is_disk_full(exc):
+            logging.raiseExceptions = False
+            log.warning(
+                "no space left on the device of %s: wandb could not %s; going on without it, "
+                "metrics.jsonl is complete. Free space there (wandb sync uploads what it kept).",
+                self._dir,
+                action,
+            )
+        elif self._ok:
             log.warning(
                 "wandb could not %s (%s: %s); going on without it, metrics.jsonl is complete",
                 action,

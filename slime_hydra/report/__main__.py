@@ -44,13 +44,13 @@ def report(path: Path, out: Path | None = None) -> Report:
     out = out if out is not None else path / "report"
     if is_run_dir(path):
         run = RunDir.read(path)
-        make_dirs(out, out.parent)
+        make_dirs(out, out.parent, "--out")
         return Report([plot_run(run, out / f"{path.name}.png")])
     jobs, failed = sweep_jobs(path), failed_jobs(path)
     if not jobs and not failed:
         raise SystemExit(f"{path}: neither a run dir (metrics.jsonl) nor a sweep dir of runs")
     runs = [RunDir.read(job) for job in jobs]
-    make_dirs(out, out.parent)
+    make_dirs(out, out.parent, "--out")
     written = [plot_sweep(runs, out / "sweep.png", path.name, failed)] if runs else []
     written += [plot_run(run, out / f"{run.name}.png") for run in runs]
     if failed:

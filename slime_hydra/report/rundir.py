@@ -161,14 +161,14 @@ def job_number(path: Path, sweep: Path) -> tuple[int, str]:
     return (int(head) if head.isascii() and head.isdigit() else 1 << 30, rel)
 
 
-def job_dirs(path: Path) -> list[Path]:
-    """Every job dir under a sweep dir, in job-number order. A swept value holding "/" (a
-    data.path) nests the job's dir below the sweep dir, so the dirs are searched at any depth,
-    but not inside a job dir."""
+def job_dirs(path: Path, marks: tuple[str, ...] = JOB_MARKS) -> list[Path]:
+    """Every job dir under a sweep dir (a dir holding one of `marks`), in job-number order. A
+    swept value holding "/" (a data.path) nests the job's dir below the sweep dir, so the dirs
+    are searched at any depth, but not inside a job dir."""
     found = []
     for where, dirs, _ in os.walk(path):
         at = Path(where)
-        if at != path and any((at / mark).exists() for mark in JOB_MARKS):
+        if at != path and any((at / mark).exists() for mark in marks):
             found.append(at)
             dirs.clear()
     return sorted(found, key=lambda p: job_number(p, path))

@@ -224,6 +224,13 @@ def test_what_the_workers_would_reject_is_refused_before_launch(compose_cfg, ove
         validate(compose_cfg("trainer=plan", "logger=jsonl", *overrides))
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+def test_a_wandb_init_timeout_that_is_no_positive_time_is_refused(compose_cfg, value):
+    """logger.init_timeout=-1 was accepted (and handed to wandb.init as it is)."""
+    with pytest.raises(SlimeHydraError, match=r"logger.init_timeout=.* must be a positive number"):
+        validate(compose_cfg("trainer=plan", "logger=wandb", f"logger.init_timeout={value}"))
+
+
 def test_a_synthetic_rollout_far_larger_than_memory_is_refused_before_drawing():
     with pytest.raises(SlimeHydraError, match=r"= 800000000 samples need about 763 GiB to plan"):
         SyntheticGRPO(num_prompts=100_000_000)

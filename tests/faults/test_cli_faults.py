@@ -167,18 +167,24 @@ def test_a_checkpoint_of_another_model_shape_is_refused_before_launch(run_dir):
     assert_untouched(before, run_dir)
 
 
-def test_a_checkpoint_that_fails_on_rank_0_is_reported_from_rank_0(run_dir):
-    """Adam moments of another shape, with their shape record: only the worker's load sees
-    that they do not fit the parameters."""
+def test_adam_moments_of_another_shape_are_refused_before_launch(run_dir):
+    """Moments edited with their shape record, so only the parameters they belong to tell: the
+    resume is refused before any worker starts, and the dir is left as it was."""
     path = run_dir / "checkpoints/step_000002/rank_000.pt"
     state = torch.load(path, weights_only=True)
-    state["optimizer"]["state"][0]["exp_avg"] = torch.zeros(3)
-    state["shapes"]["optimizer/state/0/exp_avg"] = [3]
+    state["optimizer"]["state"][4]["exp_avg_sq"] = torch.zeros(3)
+    state["shapes"]["optimizer/state/4/exp_avg_sq"] = [3]
     torch.save(state, path)
+    before = snapshot(run_dir)
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(out, "training failed on rank 0", "does not fit this rank's model")
-    assert "failed on rank 1" not in text
-    assert "caused by a ." not in text and "pair.cc" not in text  # rank 1's message in full
+    text = refused(
+        out,
+        "rank_000.pt: the optimizer's exp_avg_sq of parameter 4 "
+        "(0.decoder.layers.0.mlp.linear_fc2.weight) has shape [3], and this run's model gives "
+        "that weight [128, 512]",
+    )
+    assert "Launching" not in text
+    assert_untouched(before, run_dir)
 
 
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
@@ -226,9 +232,14 @@ def test_swapped_rank_files_are_refused_before_launch(run_dir):
         ("empty_config", "config.yaml is empty, not the config of a run"),
         ("latin1_config", "config.yaml is not UTF-8 text: byte 0xe9"),
         ("arabic_latest", "holds '٣', not a step count"),
+        ("alias_bomb_config", "config.yaml is not readable YAML (found an alias (*name), which"),
+        ("lock_dir", ".lock is a directory: it must be the run dir's lock file"),
+        ("checkpoints_file", "checkpoints is not a directory, so it holds no checkpoints"),
     ],
 )
 def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_dir, damage, needle):
+    """alias_bomb_config: nested YAML aliases (a billion "x") were a MemoryError or the OOM
+    killer; lock_dir: IsADirectoryError's traceback; checkpoints_file: 'holds no checkpoint'."""
     metrics, config = run_dir / "metrics.jsonl", run_dir / "config.yaml"
     if damage == "middle_line":
         metrics.write_text('{"step": 1, "train/lo\n' + metrics.read_text().splitlines()[1] + "\n")
@@ -241,11 +252,41 @@ def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_d
         config.write_text("")
     elif damage == "latin1_config":
         config.write_bytes(config.read_bytes() + "# café\n".encode("latin-1"))
+    elif damage == "alias_bomb_config":
+        rows = ['a: &a ["x","x","x","x","x","x","x","x","x"]']
+        pairs = zip("abcdefgh", "bcdefghi", strict=True)
+        rows += [f"{b}: &{b} [{','.join([f'*{a}'] * 9)}]" for a, b in pairs]
+        config.write_text("\n".join(rows) + "\n")
+    elif damage == "lock_dir":
+        (run_dir / ".lock").unlink()
+        (run_dir / ".lock").mkdir()
+    elif damage == "checkpoints_file":
+        shutil.rmtree(run_dir / "checkpoints")
+        (run_dir / "checkpoints").write_text("not a dir\n")
     else:
         (run_dir / "checkpoints/latest").write_text("٣\n")
     before = snapshot(run_dir)
     refused(cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true"), needle)
     assert_untouched(before, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("args", "key"),
+    [
+        (("hydra.run.dir=",), "hydra.run.dir"),
+        (("-m", "seed=1,2", "hydra.sweep.dir= "), "hydra.sweep.dir"),
+    ],
+    ids=["run", "sweep"],
+)
+def test_an_empty_run_or_sweep_dir_is_refused_not_the_current_dir(tmp_path, args, key):
+    """An empty hydra.run.dir (an unset shell variable) wrote the run into the current dir."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", *args, "trainer=plan"]
+    out = subprocess.run(
+        [*cmd, "logger=jsonl"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    refused(out, f"{key} is empty, which would write the run's files into the current directory")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_run_that_fails_before_its_first_step_leaves_the_dir_to_a_fixed_rerun(tmp_path):

@@ -5,6 +5,7 @@ this process may mount one (root), and an ENOSPC injected at the one write funct
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -148,3 +149,94 @@ def test_an_hf_export_on_a_full_disk_keeps_the_previous_export_and_says_so(
         assert (out / "export_0" / "model.safetensors").read_bytes() == b"the previous export"
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An empty 64 KiB tmpfs (skipped where mount is denied)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def plan(*overrides: str, stdout: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """A plan run from the CLI; with `stdout`, its standard output goes to that file."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "trainer=plan", *overrides]
+    if stdout is None:
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    with stdout.open("w") as out:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.PIPE)
+    return subprocess.CompletedProcess(cmd, proc.returncode, "", proc.stderr.decode())
+
+
+MANY_STEPS = ("batching.global_batch_size=8", "data.num_prompts=64")
+"""64 steps: their metrics rows (~45 KB) overflow the small disk after the run's other files."""
+
+
+@pytest.mark.integration
+def test_metrics_on_a_full_disk_keep_whole_rows_and_say_so(small_disk: Path) -> None:
+    """metrics.jsonl filled the disk mid-row: a traceback, and a torn line that ended the file."""
+    run_dir = small_disk / "run"
+    out = plan("logger=jsonl", *MANY_STEPS, f"hydra.run.dir={run_dir}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Logging error" not in text, text[-3000:]
+    assert f"no space left on the device of {run_dir / 'metrics.jsonl'} (" in text
+    data = (run_dir / "metrics.jsonl").read_bytes()
+    assert data.endswith(b"\n")
+    rows = [json.loads(line) for line in data.splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and 0 < len(rows) < 64
+
+
+@pytest.mark.integration
+def test_the_job_log_on_a_full_disk_is_one_line(full_disk: Path) -> None:
+    """Room for the lock and a few log records only: logging printed a traceback per record."""
+    (full_disk / "filler2").write_bytes(b"\0" * (FREE_KB - 4) * 1024)
+    run_dir = full_disk / "run"
+    out = plan("logger=jsonl", f"hydra.run.dir={run_dir}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "Logging error" not in text, text[-3000:]
+    assert text.count(f"no space left on the device of {run_dir / 'slime_hydra.log'}: ") == 1
+
+
+@pytest.mark.integration
+def test_stdout_on_a_full_disk_stops_the_table_not_the_run(small_disk: Path, tmp_path) -> None:
+    """The console table redirected to a full disk: print raised, a traceback ended the run."""
+    run_dir = tmp_path / "run"
+    (small_disk / "filler").write_bytes(b"\0" * 48 * 1024)  # 16 KiB left: a third of the table
+    out = plan(
+        "logger=console",
+        "batching.global_batch_size=8",
+        "data.num_prompts=512",
+        f"hydra.run.dir={run_dir}",
+        stdout=small_disk / "out.txt",
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Logging error" not in out.stderr, out.stderr[-3000:]
+    assert (
+        out.stderr.count(f"no space left on the device of {small_disk / 'out.txt'} (stdout)") == 1
+    )
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 512
+
+
+@pytest.mark.integration
+def test_wandb_on_a_full_disk_is_one_warning_and_the_run_goes_on(small_disk: Path) -> None:
+    """wandb's media and its own debug log filled the disk: logging printed tracebacks."""
+    run_dir = small_disk / "run"
+    out = plan("logger=wandb", f"hydra.run.dir={run_dir}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and "Logging error" not in text, text[-3000:]
+    assert f"no space left on the device of {run_dir / 'wandb'}: wandb could not " in text
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]

@@ -137,6 +137,7 @@ def test_the_report_never_writes_through_a_planted_link(tmp_path):
     out = report(d)
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert f"{d / 'report'} is a symlink" in out.stderr
+    assert "or pass a new --out." in out.stderr  # the report's own option, not hydra.run.dir
     assert os.listdir(outside / "dir") == []
 
 

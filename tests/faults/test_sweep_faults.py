@@ -108,3 +108,70 @@ def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "-m", "trainer=plan", *args]
     cmd.append("logger=jsonl")
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_a_sweep_jobs_file_that_is_a_dir_is_refused_before_any_job(tmp_path):
+    """Each job appends its start there: a dir in its place raised IsADirectoryError in the
+    first job, with a traceback and no sweep line."""
+    sweep = tmp_path / "sweep"
+    (sweep / "sweep_jobs.jsonl").mkdir(parents=True)
+    out = run_sweep("seed=1,2", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert f"{sweep / 'sweep_jobs.jsonl'} is not a regular file" in text
+    assert "No job was run" in text
+    assert sorted(p.name for p in sweep.iterdir()) == ["sweep_jobs.jsonl"]
+
+
+OPTUNA = ("hydra/sweeper=optuna_cap", "hydra.sweeper.n_trials=3")
+"""A sweeper that picks its jobs as it runs: its job dirs are checked as each job starts."""
+
+
+@pytest.mark.parametrize(
+    ("launcher", "subdir", "needle", "line"),
+    [
+        (
+            "basic",
+            "same",
+            "jobs 0 and 1 of this sweep would both run in {sweep}/same: ",
+            "sweep: 3 jobs, 2 failed (see {sweep}/same)",
+        ),
+        (  # two trials at a time: which of the first two runs is the race's
+            "local_parallel",
+            "same",
+            " of this sweep would both run in {sweep}/same: ",
+            "sweep: 3 jobs, 2 failed (see {sweep}/same)",
+        ),
+        (
+            "basic",
+            ".",
+            "job 0 of this sweep would run in {sweep}, the sweep dir itself",
+            "sweep: 3 jobs, 3 failed (see {sweep})",
+        ),
+        (
+            "basic",
+            "../escape",
+            "job 0 of this sweep would run in {tmp}/escape, outside hydra.sweep.dir",
+            "sweep: 3 jobs, 3 failed (see {sweep}/../escape)",
+        ),
+    ],
+    ids=["shared", "shared_parallel", "the_sweep_dir", "outside"],
+)
+def test_another_sweepers_job_dirs_are_checked_as_each_job_starts(
+    tmp_path, launcher, subdir, needle, line
+):
+    """optuna's trials in one dir were refused as 'already holds a run ... trainer.resume=true',
+    and in the sweep dir or outside it they ran there."""
+    sweep = tmp_path / "sweep"
+    args = (*OPTUNA, f"hydra/launcher={launcher}", f"hydra.sweep.subdir={subdir}", sweep)
+    if launcher == "local_parallel":
+        args = ("hydra.sweeper.n_jobs=2", *args)
+    out = run_sweep(*args)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "Traceback" not in text, text[-4000:]
+    assert needle.format(sweep=sweep, tmp=tmp_path) in text, text[-4000:]
+    assert "hydra.sweep.subdir='${hydra.job.num}'" in text
+    assert "already holds a run" not in text
+    assert out.stdout.splitlines()[-1] == line.format(sweep=sweep)
+    for where in (sweep, tmp_path / "escape"):
+        assert not (where / "config.yaml").exists() and not (where / "error.txt").exists()

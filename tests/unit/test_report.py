@@ -456,3 +456,21 @@ def test_the_callback_prints_the_line_for_this_sweep_and_keeps_an_earlier_multir
 def test_report_refuses_a_dir_without_runs(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="neither a run dir"):
         report(tmp_path)
+
+
+def test_the_callback_counts_jobs_of_this_sweep_that_wrote_no_line(tmp_path: Path, capsys) -> None:
+    """A job that stopped before its start line (killed while Hydra set it up: its dir holds
+    only the job's log) failed; one that could not write its lines but ran (metrics, no
+    error.txt) succeeded; an earlier sweep's job without lines is not this sweep's."""
+    make_run(tmp_path / "old")
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    summary = SweepSummary()
+    summary.on_multirun_start(config=config, config_name="config")
+    ended(tmp_path, make_run(tmp_path / "0_seed=1"), False)
+    killed = tmp_path / "1_seed=2"
+    killed.mkdir()
+    (killed / "slime_hydra.log").write_text("")
+    make_run(tmp_path / "2_seed=3")
+    capsys.readouterr()
+    summary.on_multirun_end(config=config, config_name="config")
+    assert capsys.readouterr().out == f"sweep: 3 jobs, 1 failed (see {killed})\n"

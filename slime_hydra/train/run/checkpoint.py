@@ -5,7 +5,8 @@ number of steps done (NNNNNN), a digest of the schedule, the loop's counters, it
 rank, the parallel layout and the model's dims) and the shape of every tensor it holds. Before
 any worker starts, a resume refuses a file of another rank (two rank files swapped), layout or
 model, and one whose tensors differ from the shapes it recorded (edited after saving) or from
-the shapes this run's model gives that rank (train/step/shapes.py). `latest` names
+the shapes this run's model gives that rank (train/step/shapes.py), optimizer moments of
+another shape than their weight, and RNG states that do not restore. `latest` names
 the last step all ranks finished saving, so a worker killed mid-save leaves the previous
 checkpoint in force.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import pickle
 import random
 from collections.abc import Mapping
@@ -88,6 +90,12 @@ def identity(layout: ParallelLayout, dims: ModelDims) -> dict[str, Any]:
 def latest_step(run_dir: Path) -> int | None:
     """Steps done at the last complete checkpoint, or None when there is none."""
     path = checkpoint_root(run_dir) / "latest"
+    if os.path.lexists(path.parent) and not path.parent.is_dir():
+        raise SlimeHydraError(
+            f"{path.parent} is not a directory, so it holds no checkpoints: it must be the dir "
+            "the run saves them in. Move it away (and restore the checkpoints dir to resume), or "
+            "start a new run dir."
+        )
     if not path.exists():
         return None
     if path.is_file():
@@ -282,8 +290,9 @@ def _check_shapes(
     dims: ModelDims,
     fused_norms: bool,
 ) -> None:
-    """Every tensor of the rank file at `path` has the shape it was saved with, and every weight
-    the shape this run's model gives `rank` (train/step/shapes.py)."""
+    """Every tensor of the rank file at `path` has the shape it was saved with, every weight the
+    shape this run's model gives `rank` (train/step/shapes.py), and every optimizer moment its
+    weight's shape."""
     fix = "Point latest at an earlier complete step, or start a new run dir."
     recorded = state.get("shapes")
     recorded = recorded if isinstance(recorded, Mapping) else {}
@@ -298,7 +307,8 @@ def _check_shapes(
             f"{path}: {name} {what}, but it {was}: the file was edited after it was saved, "
             "and training on it would fail in the workers or train a changed model. " + fix
         )
-    for key, want in weight_shapes(dims, layout, rank, fused_norms).items():
+    want_shapes = weight_shapes(dims, layout, rank, fused_norms)
+    for key, want in want_shapes.items():
         found = actual.get(f"model/{key}")
         if found == list(want):
             continue
@@ -310,6 +320,89 @@ def _check_shapes(
             "Resume with the model.* and parallel.* config that saved it (the run dir's "
             "config.yaml), or start a new run dir."
         )
+    _check_moments(path, state, want_shapes)
+
+
+def _optimizer_states(obj: Any) -> list[Mapping[str, Any]]:
+    """The torch optimizer state_dicts ({"state", "param_groups"}) inside a checkpoint's
+    optimizer state: ours, or nested in megatron's wrappers (`optimizer`, a chain's list)."""
+    if isinstance(obj, Mapping):
+        if isinstance(obj.get("state"), Mapping) and isinstance(obj.get("param_groups"), list):
+            return [obj]
+        return [s for value in obj.values() for s in _optimizer_states(value)]
+    if isinstance(obj, list | tuple):
+        return [s for value in obj for s in _optimizer_states(value)]
+    return []
+
+
+def _check_moments(
+    path: Path, state: Mapping[str, Any], want: Mapping[str, tuple[int, ...]]
+) -> None:
+    """The optimizer state of the rank file at `path` fits this run's parameters (`want`, their
+    shapes) as torch's `load_state_dict` maps it: param groups by position (megatron's and ours:
+    decayed weights, then biases and 1-D params), ids by position in each group, the params in
+    the model's order (the file's state_dict order); every moment (Adam's exp_avg, exp_avg_sq)
+    has its parameter's shape."""
+    fix = "Point latest at an earlier complete step, or start a new run dir."
+    optimizers = _optimizer_states(state["optimizer"])
+    if len(optimizers) != 1:  # the distributed optimizer's {} or a chain of several
+        return
+    saved = optimizers[0]
+    params = [k for k in state["model"] if k in want]
+    groups = [
+        [k for k in params if (k.endswith(".bias") or len(want[k]) == 1) == no_decay]
+        for no_decay in (False, True)
+    ]
+    groups = [g for g in groups if g]
+    sizes = [
+        len(g["params"]) if isinstance(g, Mapping) and isinstance(g.get("params"), list) else None
+        for g in saved["param_groups"]
+    ]
+    if sizes != [len(g) for g in groups]:
+        raise SlimeHydraError(
+            f"{path}: its optimizer state holds param groups of {sizes} parameters, and this "
+            f"run's model gives rank {state.get('rank')} groups of {[len(g) for g in groups]} "
+            "(weights with weight decay, then biases and norms): it is another model's "
+            "optimizer, or the file was damaged. " + fix
+        )
+    names = dict(
+        zip(
+            (i for g in saved["param_groups"] for i in g["params"]),
+            (k for g in groups for k in g),
+            strict=True,
+        )
+    )
+    for i, moments in saved["state"].items():
+        if not isinstance(i, int):  # megatron's "common_step"
+            continue
+        if i not in names:
+            raise SlimeHydraError(
+                f"{path}: its optimizer state holds parameter {i}, which none of its param "
+                "groups lists: the file was damaged or edited. " + fix
+            )
+        moments = moments if isinstance(moments, Mapping) else {}
+        for name, value in moments.items():
+            if not isinstance(value, torch.Tensor) or not value.dim():
+                continue  # Adam's step count
+            if tuple(value.shape) != tuple(want[names[i]]):
+                raise SlimeHydraError(
+                    f"{path}: the optimizer's {name} of parameter {i} ({names[i]}) has shape "
+                    f"{list(value.shape)}, and this run's model gives that weight "
+                    f"{list(want[names[i]])}: training would fail in the workers or update "
+                    "the weight with another's moments. " + fix
+                )
+
+
+def _check_rng(path: Path, state: Mapping[str, Any]) -> None:
+    """The RNG states a resume restores are ones torch and Python accept."""
+    try:
+        torch.Generator().set_state(state.get("torch_rng"))
+        random.Random().setstate(state.get("python_rng"))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise SlimeHydraError(
+            f"{path} holds an RNG state that cannot be restored ({exc}): the file was damaged "
+            "or edited. Point latest at an earlier complete step, or start a new run dir."
+        ) from None
 
 
 def _setting(key: str, layout: ParallelLayout, dims: ModelDims) -> Any:
@@ -350,6 +443,7 @@ def verify(
             )
         _check_identity(path, state, rank, ident)
         _check_shapes(path, state, rank, layout, dims, fused_norms)
+        _check_rng(path, state)
         del state
     return steps_done
 
@@ -365,22 +459,6 @@ def load_weights(model: torch.nn.Module, weights: Mapping[str, torch.Tensor]) ->
         chunk.load_state_dict(
             {k[len(prefix) :]: v for k, v in weights.items() if k.startswith(prefix)}
         )
-
-
-def _check_moments(path: Path, optimizer: Any) -> None:
-    """Each parameter's loaded optimizer state (Adam's moments) has the parameter's shape."""
-    from slime_hydra.train.step.optimizer import torch_optimizers
-
-    for inner in torch_optimizers(optimizer):
-        for i, param in enumerate(p for group in inner.param_groups for p in group["params"]):
-            for name, value in inner.state.get(param, {}).items():
-                if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
-                    raise SlimeHydraError(
-                        f"{path} does not fit this rank's model: the optimizer's {name} of "
-                        f"parameter {i} has shape {list(value.shape)}, the parameter "
-                        f"{list(param.shape)}. Resume with the model and parallel config that "
-                        "saved it, or start a new run dir."
-                    )
 
 
 def load(
@@ -427,7 +505,6 @@ def load(
             f"{path} does not fit this rank's optimizer: {str(exc).strip()[:300]}. Resume with "
             "the model and parallel config that saved it, or start a new run dir."
         ) from None
-    _check_moments(path, optimizer)
     for group, values in zip(optimizer.param_groups, configured, strict=False):
         group.update(values)
     torch.set_rng_state(state["torch_rng"])
