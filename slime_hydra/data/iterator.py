@@ -11,12 +11,15 @@ per `iter()` (one per VPP chunk) and `seq_length()`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from slime_hydra.data.packing import PackedMicrobatch, pack_microbatch
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
+
+if TYPE_CHECKING:  # packing imports torch and megatron: seconds that plan mode never needs
+    from slime_hydra.data.packing import PackedMicrobatch
 
 
 def padding(pad_multiple: int | None, tp_size: int, cp_size: int) -> int:
@@ -37,7 +40,7 @@ def padding(pad_multiple: int | None, tp_size: int, cp_size: int) -> int:
     return multiple
 
 
-class MicrobatchIterator(Iterable[PackedMicrobatch]):
+class MicrobatchIterator(Iterable["PackedMicrobatch"]):
     """A rank's micro-batches of one step in schedule order, each packed once for this CP rank.
 
     Every `iter()` is a fresh pass: megatron's interleaved schedule gets one per VPP chunk, and
@@ -98,6 +101,8 @@ class MicrobatchIterator(Iterable[PackedMicrobatch]):
         """Micro-batch m, packed on first use and kept for the other passes."""
         packed = self._packed[m]
         if packed is None:
+            from slime_hydra.data.packing import pack_microbatch
+
             packed = pack_microbatch(
                 self._tokens,
                 self._microbatches[m],

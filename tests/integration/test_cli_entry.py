@@ -70,6 +70,24 @@ def test_help_and_the_app_import_neither_torch_nor_megatron():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_plan_run_imports_neither_torch_nor_megatron(tmp_path):
+    # Plan mode builds the iterator group's object (data/iterator.py); THD packing, which
+    # imports torch and megatron (5 s of a 6 s plan run), loads only when a rank packs.
+    run_dir = tmp_path / "run"
+    probe = (
+        "import atexit, sys, runpy\n"
+        "atexit.register(lambda: print(sorted({'torch', 'megatron'} & set(sys.modules))))\n"
+        f"sys.argv = ['slime_hydra', 'trainer=plan', 'logger=jsonl', 'hydra.run.dir={run_dir}']\n"
+        "runpy.run_module('slime_hydra', run_name='__main__')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert (run_dir / "schedule.json").is_file()
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def complete(line: str) -> list[str]:
     """What bash completion of the `slime-hydra` script offers for `line`."""
     env = {**os.environ, "COMP_LINE": line, "COMP_POINT": str(len(line))}
