@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -81,11 +82,6 @@ class StepCost:
         and squared lengths (ΣL²): of floats a float, of arrays an array."""
         return self.token_s * tokens + self.square_s * squares + self.microbatch_s
 
-    def microbatch_seconds(self, lengths: Sequence[int] | np.ndarray) -> float:
-        """Forward and backward of one micro-batch of sequences of these lengths."""
-        L = np.asarray(lengths, dtype=np.float64)
-        return float(self.seconds(L.sum(), (L * L).sum()))
-
 
 @dataclass(frozen=True)
 class StepTiming:
@@ -104,9 +100,12 @@ def simulate_step(
 ) -> StepTiming:
     """Simulate one step: `ranks[r][m]` are the lengths of micro-batch m of DP rank r (see
     simulate_seconds)."""
-    return simulate_seconds(
-        [[cost.microbatch_seconds(mb) for mb in rank] for rank in ranks], layout, cost
-    )
+    counts = [len(mb) for rank in ranks for mb in rank]
+    lengths = np.fromiter(chain.from_iterable(chain.from_iterable(ranks)), dtype=np.float64)
+    mb_of = np.repeat(np.arange(len(counts)), counts)
+    seconds = bin_seconds(mb_of, lengths, len(counts), cost)
+    ends = np.cumsum([len(rank) for rank in ranks])
+    return simulate_seconds(np.split(seconds, ends[:-1]), layout, cost)
 
 
 def simulate_seconds(
@@ -117,7 +116,7 @@ def simulate_seconds(
     schedule (without a pipeline, one after another); the step waits for the slowest rank,
     then all-reduces and steps the optimizer."""
     if layout.pp == 1:
-        pipe = [float(sum(rank)) for rank in seconds]
+        pipe = [float(np.sum(rank)) for rank in seconds]
         busy = sum(pipe)
     else:
         timings = [rank_timing(list(rank), layout, cost) for rank in seconds]

@@ -41,7 +41,8 @@ def test_p2p_sends_and_the_tail_by_hand():
 def test_the_analytic_cost_is_the_flops_at_the_achieved_speed():
     # 6e12 FLOPs per token, 2e12 per L², at 1 TFLOP/s over tp=2 × cp=3 GPUs; 4 ms a batch.
     cost = StepCost.analytic((6e12, 2e12), 1.0, 4.0, ParallelLayout(tp=2, cp=3))
-    assert cost.microbatch_seconds([2, 3]) == pytest.approx((6 * 5 + 2 * 13) / 6 + 0.004)
+    timing = simulate_step([[[2, 3]]], ParallelLayout(tp=2, cp=3), cost)
+    assert timing.step_s == pytest.approx((6 * 5 + 2 * 13) / 6 + 0.004)
 
 
 @pytest.mark.parametrize(("pp", "vpp", "k"), [(2, 1, 5), (4, 1, 6), (2, 2, 6)])
