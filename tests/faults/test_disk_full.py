@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -25,21 +26,29 @@ FREE_KB = 12
 """Room left on the tmpfs: the lock, the log and config.yaml fit, schedule.json does not."""
 
 
-@pytest.fixture
-def full_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 48 KiB tmpfs with FREE_KB left free by a filler file (skipped where mount is denied)."""
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
+@contextmanager
+def tmpfs(at: Path, size_kb: int, free_kb: int | None = None) -> Iterator[Path]:
+    """A tmpfs of `size_kb` KiB mounted at `at`, with `free_kb` left free by a filler file
+    (None: all of it); skips the test where mount is denied."""
+    at.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mnt)], capture_output=True
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(at)], capture_output=True
     )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        (mnt / "filler").write_bytes(b"\0" * (48 - FREE_KB) * 1024)
-        yield mnt
+        if free_kb is not None:
+            (at / "filler").write_bytes(b"\0" * (size_kb - free_kb) * 1024)
+        yield at
     finally:
-        subprocess.run(["umount", str(mnt)], check=True)
+        subprocess.run(["umount", str(at)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 KiB tmpfs with FREE_KB left free."""
+    with tmpfs(tmp_path / "mnt", 48, FREE_KB) as mnt:
+        yield mnt
 
 
 @pytest.mark.integration
@@ -123,15 +132,7 @@ def test_an_hf_export_on_a_full_disk_keeps_the_previous_export_and_says_so(
     """The real export (mbridge, safetensors) of a tiny Qwen2 model onto a tmpfs with room for
     the worker's logits (45 KB) and not for the weights (382 KB)."""
     ckpt = make_checkpoint(tmp_path / "qwen", tied=True)
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        (mnt / "filler").write_bytes(b"\0" * (1024 - 128) * 1024)
+    with tmpfs(tmp_path / "mnt", 1024, 128) as mnt:
         out = mnt / "out"
         (out / "export_0").mkdir(parents=True)
         (out / "export_0" / "model.safetensors").write_bytes(b"the previous export")
@@ -147,24 +148,13 @@ def test_an_hf_export_on_a_full_disk_keeps_the_previous_export_and_says_so(
         assert sorted(os.listdir(out)) == ["export_0", "logits_0.pt"]  # no staging dir left
         assert os.listdir(out / "export_0") == ["model.safetensors"]
         assert (out / "export_0" / "model.safetensors").read_bytes() == b"the previous export"
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """An empty 64 KiB tmpfs (skipped where mount is denied)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    """An empty 64 KiB tmpfs."""
+    with tmpfs(tmp_path / "small", 64) as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def plan(*overrides: str, stdout: Path | None = None) -> subprocess.CompletedProcess[str]:
