@@ -15,12 +15,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from slime_hydra.config import step_cost_of, validate
+from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import with_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import write_file
-from slime_hydra.hf.checks import model_dims
-from slime_hydra.instantiate import build, factory
+from slime_hydra.instantiate import build
 from slime_hydra.log.jsonl import rows_done
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.rundir import (
@@ -36,7 +35,7 @@ from slime_hydra.rundir import (
     write_run_files,
 )
 from slime_hydra.schedule import violations
-from slime_hydra.train.job import Job, plan_steps
+from slime_hydra.train.job import Job
 from slime_hydra.train.run.nodes import node_rank
 from slime_hydra.train.run.rank_output import setup_rank_output
 from slime_hydra.train.run.start import check, start
@@ -62,8 +61,8 @@ def run_info(cfg: DictConfig) -> RunInfo:
 def plan(cfg: DictConfig, run: RunInfo) -> Job:
     """Checks, rollout, schedule and each step's planned metrics and time: everything before
     training, nothing written yet."""
-    layout, strategy = validate(cfg)
-    dims = model_dims(cfg.model)
+    checked = validate(cfg)
+    layout, strategy = checked.layout, checked.strategy
     rollout = build(cfg.data).load()
     start = time.perf_counter()
     schedule = strategy.plan(rollout.total_lengths, rollout.group_ids, rollout.step_ids)
@@ -85,22 +84,7 @@ def plan(cfg: DictConfig, run: RunInfo) -> Job:
             len(broken),
             "; ".join(broken[:3]),
         )
-    cost = step_cost_of(cfg, dims, layout)
-    return Job(
-        run=run,
-        layout=layout,
-        strategy=strategy,
-        rollout=rollout,
-        schedule=schedule,
-        dims=dims,
-        seed=cfg.seed,
-        iterator=factory(cfg.iterator),
-        pad_multiple=cfg.iterator.get("pad_multiple"),
-        logger=factory(cfg.logger),
-        tokenizer=OmegaConf.select(cfg, "data.tokenizer"),
-        cost=cost,
-        planned=plan_steps(schedule, layout, dims, cost),
-    )
+    return job_of(cfg, checked, run, rollout, schedule, OmegaConf.select(cfg, "data.tokenizer"))
 
 
 def resuming(trainer: object) -> bool:

@@ -42,17 +42,16 @@ from slime_hydra.calibration import (
     fit_step_cost,
     sample_ranks,
 )
-from slime_hydra.config import step_cost_of, validate
+from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import RolloutBatch, with_tokens
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import write_file
-from slime_hydra.hf.checks import model_dims
-from slime_hydra.instantiate import build, factory
+from slime_hydra.instantiate import build
 from slime_hydra.log.sink import RunInfo
 from slime_hydra.schedule import Schedule, StepSchedule
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.steptime import StepCost, simulate_step
-from slime_hydra.train.job import Job, plan_steps
+from slime_hydra.train.job import Job
 from slime_hydra.train.run.start import check
 from slime_hydra.train.settings import CpuTrainer, PlanTrainer
 
@@ -76,11 +75,13 @@ def grid_order(size: int, repeats: int) -> list[int]:
     return forwards + [i for p in passes for i in p]
 
 
-def grid_job(cfg: DictConfig, run_dir: Path, grid: list[tuple[int, list[int]]], order: list[int]):
+def grid_job(
+    cfg: DictConfig, run_dir: Path, grid: list[tuple[int, list[int]]], order: list[int]
+) -> Job:
     """The planned job whose rollout and schedule are the grid's steps in `order`, with every
     DP rank given the same micro-batches (fresh samples each, half prompt, half response)."""
-    layout, strategy = validate(cfg)
-    dims = model_dims(cfg.model)
+    checked = validate(cfg)
+    layout, dims = checked.layout, checked.dims
     lengths: list[int] = []
     steps = []
     for index, entry in enumerate(order):
@@ -95,21 +96,9 @@ def grid_job(cfg: DictConfig, run_dir: Path, grid: list[tuple[int, list[int]]], 
     total = np.array(lengths, dtype=np.int64)
     rollout = RolloutBatch(total, total // 2, np.arange(total.size))
     schedule = Schedule(tuple(lengths), None, tuple(steps))
-    cost = step_cost_of(cfg, dims, layout)
-    return Job(
-        run=RunInfo(run_dir, OmegaConf.to_container(cfg, resolve=True), "calibrate", None, "cal"),
-        layout=layout,
-        strategy=strategy,
-        rollout=with_tokens(rollout, dims.vocab_size, cfg.seed),
-        schedule=schedule,
-        dims=dims,
-        seed=cfg.seed,
-        iterator=factory(cfg.iterator),
-        pad_multiple=cfg.iterator.get("pad_multiple"),
-        logger=factory(cfg.logger),
-        cost=cost,
-        planned=plan_steps(schedule, layout, dims, cost),
-    )
+    run = RunInfo(run_dir, OmegaConf.to_container(cfg, resolve=True), "calibrate", None, "cal")
+    rollout = with_tokens(rollout, dims.vocab_size, cfg.seed)
+    return job_of(cfg, checked, run, rollout, schedule)
 
 
 def device_name(trainer: CpuTrainer) -> str:
@@ -163,7 +152,7 @@ def calibrate(cfg: DictConfig, out: Path | None, repeats: int, max_tokens: int) 
             "python -m slime_hydra.calibrate times the real engine, which trainer=plan does not "
             "run: pass trainer=cpu or trainer=gpu."
         )
-    layout: ParallelLayout = validate(cfg)[0]
+    layout = validate(cfg).layout
     out = out or default_out(cfg.model.name, layout)
     grid = calibration_grid(layout, max_tokens)
     order = grid_order(len(grid), repeats)

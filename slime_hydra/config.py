@@ -12,28 +12,31 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass, field, fields, make_dataclass
-from typing import Any, get_type_hints
+from typing import Any, NamedTuple, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slime_hydra.calibration import load_step_cost
+from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
 from slime_hydra.data.text import TextRollouts
 from slime_hydra.data.trace import JsonlTrace, ParquetTrace
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.hf.checks import check_tensor_parallel, model_dims
-from slime_hydra.instantiate import build
+from slime_hydra.instantiate import build, factory
+from slime_hydra.log.sink import RunInfo
 from slime_hydra.log.wandb import WandbSink
 from slime_hydra.partition import BalancedPacker
 from slime_hydra.rundir import flatten
-from slime_hydra.schedule import BatchingStrategy, ParallelLayout
+from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
 from slime_hydra.schedule.dynamic import Balance, Count, Oversize
 from slime_hydra.schedule.legacy import VppRounding
 from slime_hydra.schedule.steptime import StepCost
+from slime_hydra.train.job import Job, plan_steps
 from slime_hydra.train.settings import CpuTrainer, GpuTrainer, PlanTrainer
 
 log = logging.getLogger(__name__)
@@ -296,10 +299,20 @@ def step_cost_of(cfg: DictConfig, dims: ModelDims, layout: ParallelLayout) -> St
     )
 
 
-def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
+class Validated(NamedTuple):
+    """What `validate` builds while it checks: the layout, the batching strategy, the model's
+    dims and the step cost model."""
+
+    layout: ParallelLayout
+    strategy: BatchingStrategy
+    dims: ModelDims
+    cost: StepCost
+
+
+def validate(cfg: DictConfig) -> Validated:
     """Check the whole config before anything runs (what the workers would reject included:
-    int64 ranges, the seed, the model's values, megatron's tensor-parallel split); return the
-    layout and batching strategy."""
+    int64 ranges, the seed, the model's values, megatron's tensor-parallel split, a bad
+    trainer.cost); return what it built."""
     check_keys(cfg)
     check_integers(cfg)
     layout = layout_of(cfg)
@@ -309,7 +322,7 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
     if OmegaConf.select(cfg, "batching.balance") == Balance.flops:
         # The same cost model that plan mode's sim/* and the flops metrics use.
         runtime["flops_coefficients"] = flops_coefficients(dims)
-    cost = step_cost_of(cfg, dims, layout)  # a bad trainer.cost is refused here, before a run
+    cost = step_cost_of(cfg, dims, layout)
     if OmegaConf.select(cfg, "batching.count") == Count.fastest:
         runtime["step_cost"] = cost
     strategy = build(cfg.batching, layout=layout, **runtime)
@@ -336,4 +349,32 @@ def validate(cfg: DictConfig) -> tuple[ParallelLayout, BatchingStrategy]:
             f"data.n_samples_per_prompt={group}, so a rollout group would straddle two steps; "
             "set batching.global_batch_size to a multiple of the group size."
         )
-    return layout, strategy
+    return Validated(layout, strategy, dims, cost)
+
+
+def job_of(
+    cfg: DictConfig,
+    checked: Validated,
+    run: RunInfo,
+    rollout: RolloutBatch,
+    schedule: Schedule,
+    tokenizer: str | None = None,
+) -> Job:
+    """The Job of a validated config's `rollout` and its `schedule`: the iterator and logger
+    groups' factories, and each step's batch metrics and predicted time planned once here."""
+    layout, strategy, dims, cost = checked
+    return Job(
+        run=run,
+        layout=layout,
+        strategy=strategy,
+        rollout=rollout,
+        schedule=schedule,
+        dims=dims,
+        seed=cfg.seed,
+        iterator=factory(cfg.iterator),
+        pad_multiple=cfg.iterator.get("pad_multiple"),
+        logger=factory(cfg.logger),
+        tokenizer=tokenizer,
+        cost=cost,
+        planned=plan_steps(schedule, layout, dims, cost),
+    )

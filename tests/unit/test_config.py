@@ -25,7 +25,7 @@ from slime_hydra.schedule import DynamicBatching, FixedBatching, SlimeLegacyBatc
 )
 def test_every_batching_choice_composes_and_builds(compose_cfg, choice, cls):
     cfg = compose_cfg(f"batching={choice}", "batching.global_batch_size=64")
-    _, strategy = validate(cfg)
+    strategy = validate(cfg).strategy
     assert isinstance(strategy, cls)
 
 
@@ -42,20 +42,20 @@ def test_legacy_presets_from_the_cli_round_the_vpp_count_their_way(compose_cfg, 
         "parallel.pp=2",
         "parallel.vpp=2",
     )
-    _, strategy = validate(cfg)
+    strategy = validate(cfg).strategy
     schedule = strategy.plan([60, 60, 60, 10], [0, 1, 2, 3])
     assert schedule.steps[0].num_microbatches == count
 
 
 def test_dynamic_builds_the_partitioner_hydra_instantiates(compose_cfg):
     cfg = compose_cfg("batching.partitioner.budget=7000")
-    _, strategy = validate(cfg)
+    strategy = validate(cfg).strategy
     assert strategy.partitioner == BalancedPacker(budget=7000)
 
 
 def test_a_user_class_plugs_in_from_the_command_line(compose_cfg):
     cfg = compose_cfg("batching._target_=tests.unit.test_config.EveryRankOneBatch")
-    _, strategy = validate(cfg)
+    strategy = validate(cfg).strategy
     assert type(strategy).__name__ == "EveryRankOneBatch"
 
 
@@ -64,7 +64,7 @@ class EveryRankOneBatch(DynamicBatching):
 
 
 def test_cap_is_per_gpu_times_cp(compose_cfg):
-    _, strategy = validate(compose_cfg("parallel.cp=4", "batching.max_tokens_per_gpu=1000"))
+    strategy = validate(compose_cfg("parallel.cp=4", "batching.max_tokens_per_gpu=1000")).strategy
     assert strategy.cap == 4000
 
 
@@ -139,14 +139,14 @@ def test_trainer_plan_builds(compose_cfg):
 
 
 def test_parallel_overrides_reach_the_layout(compose_cfg):
-    layout, _ = validate(
+    layout = validate(
         compose_cfg(
             "parallel.dp=4",
             "parallel.pp=2",
             "parallel.vpp=2",
             "parallel.microbatch_group_size_per_vp_stage=4",
         )
-    )
+    ).layout
     assert (layout.dp, layout.pp, layout.vpp, layout.microbatch_alignment) == (4, 2, 2, 4)
     assert layout.world_size == 8
 
@@ -209,7 +209,7 @@ def test_experiments_validate_with_every_batching_choice(compose_cfg, exp, choic
         f"batching={choice}",
         "batching.micro_batch_size=4" if choice == "fixed" else "seed=1",
     )
-    layout, _ = validate(cfg)
+    layout = validate(cfg).layout
     assert layout.world_size == 8
 
 
