@@ -100,12 +100,24 @@ def simulate_step(
 ) -> StepTiming:
     """Simulate one step: `ranks[r][m]` are the lengths of micro-batch m of DP rank r (see
     simulate_seconds)."""
-    counts = [len(mb) for rank in ranks for mb in rank]
-    lengths = np.fromiter(chain.from_iterable(chain.from_iterable(ranks)), dtype=np.float64)
-    mb_of = np.repeat(np.arange(len(counts)), counts)
-    seconds = bin_seconds(mb_of, lengths, len(counts), cost)
-    ends = np.cumsum([len(rank) for rank in ranks])
-    return simulate_seconds(np.split(seconds, ends[:-1]), layout, cost)
+    counts = np.array([len(mb) for rank in ranks for mb in rank], dtype=np.int64)
+    lengths = np.fromiter(chain.from_iterable(chain.from_iterable(ranks)), dtype=np.int64)
+    return simulate_flat(lengths, counts, [len(rank) for rank in ranks], layout, cost)
+
+
+def simulate_flat(
+    lengths: np.ndarray,
+    counts: np.ndarray,
+    per_rank: Sequence[int],
+    layout: ParallelLayout,
+    cost: StepCost,
+) -> StepTiming:
+    """simulate_step of micro-batches laid out flat (as StepSchedule.flat gives them): the
+    lengths of every micro-batch's samples in order, how many samples each micro-batch holds
+    (`counts`) and how many micro-batches each rank runs (`per_rank`), rank after rank."""
+    mb_of = np.repeat(np.arange(counts.size), counts)
+    seconds = bin_seconds(mb_of, lengths, counts.size, cost)
+    return simulate_seconds(np.split(seconds, np.cumsum(per_rank)[:-1]), layout, cost)
 
 
 def simulate_seconds(

@@ -6,11 +6,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.log.sink import RunInfo, Sink
 from slime_hydra.schedule import BatchingStrategy, ParallelLayout, Schedule, step_metrics
 from slime_hydra.schedule.cost import ModelDims, flops_coefficients
-from slime_hydra.schedule.steptime import StepCost, StepTiming, simulate_step
+from slime_hydra.schedule.steptime import StepCost, StepTiming, simulate_flat
 
 if TYPE_CHECKING:  # the packer imports torch; the app and --help do not need it
     from slime_hydra.data.iterator import MicrobatchIterator
@@ -31,15 +33,18 @@ def plan_steps(
     """Every step's PlannedStep, computed once when the job is made: plan mode and the step
     loop read them as plain values instead of going back to the schedule's code mid-run."""
     lengths, coefficients = schedule.lengths, flops_coefficients(dims)
-    return tuple(
-        PlannedStep(
-            step_metrics(step, lengths, schedule.cap, layout, coefficients),
-            simulate_step(
-                [[[lengths[i] for i in mb] for mb in rank] for rank in step.ranks], layout, cost
-            ),
+    every = np.asarray(lengths, dtype=np.int64)
+    planned = []
+    for step in schedule.steps:
+        counts, samples = step.flat()
+        per_rank = [len(rank) for rank in step.ranks]
+        planned.append(
+            PlannedStep(
+                step_metrics(step, lengths, schedule.cap, layout, coefficients),
+                simulate_flat(every[samples], counts, per_rank, layout, cost),
+            )
         )
-        for step in schedule.steps
-    )
+    return tuple(planned)
 
 
 @dataclass(frozen=True)
