@@ -535,10 +535,11 @@ class BalancedPacker:
         """Largest fit in rounds into `bins`, or else first-fit decreasing's packing `ffd` (more
         bins) cut to `bins`, repaired by exchanges within a budget of its own each; None where
         both repairs fall short."""
-        for bin_of in (fit_rounds(sizes, bins, cap), cut_to(ffd, sizes, bins)):
-            if improve(bin_of, sizes, weights, bins, cap, cap, Work(self.budget)):
-                return bin_of
-        return None
+        fit = fit_rounds(sizes, bins, cap)
+        if improve(fit, sizes, weights, bins, cap, cap, Work(self.budget)):
+            return fit
+        cut = cut_to(ffd, sizes, bins)
+        return cut if improve(cut, sizes, weights, bins, cap, cap, Work(self.budget)) else None
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,
