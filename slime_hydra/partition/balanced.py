@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slime_hydra.partition.base import Work
+from slime_hydra.partition.base import PASS_OVERHEAD, Work
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.deal import descending
 from slime_hydra.partition.exchange import (
@@ -34,6 +34,7 @@ from slime_hydra.partition.exchange import (
     apply_exchanges,
     best_exchanges,
     bulk_moves,
+    visits,
 )
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.multifit import fill_empty, multifit
@@ -313,7 +314,8 @@ def _passes(
     """Exchange passes on `values` until every open bin is at most `goal` (True), or no pair
     can improve or the work is spent (False). In repair a bin of one item is done."""
     load = state.load(values)
-    movable = np.ones(len(state.bin_of), dtype=bool)
+    n = len(state.bin_of)
+    movable = np.ones(n, dtype=bool)
     stalled = 0
     rotation = 0
     while True:
@@ -333,6 +335,12 @@ def _passes(
         tries = max(1, min(PARTNERS, pool.size // m))
         light = pool[(np.arange(m * tries) + rotation) % pool.size]
         heavy = np.tile(heavy, tries)
+        if not repair:  # balancing: only the pairs the budget pays for, first partners first
+            cost = visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n)
+            paid = int(np.searchsorted(cost, work.budget - work.spent - PASS_OVERHEAD, "right"))
+            if paid == 0:
+                return False
+            heavy, light = heavy[:paid], light[:paid]
         gap = load[heavy] - load[light]
         room = cap - load[light] if repair else gap
         ex = state.exchanges(values, (heavy, light), gap, room, cap, movable)
@@ -470,17 +478,20 @@ class BalancedPacker:
         """The first bin count of `counts` (ascending) these items fill, non-empty and within
         the cap (every size <= cap), as far as the constructions below find, and the bin of
         each item; None if none. The first count gets the balanced construction, or where it
-        breaks the cap largest fit in rounds, first-fit decreasing, or largest fit repaired by
-        exchanges. Where all fail, first-fit decreasing's own count is packable (it packs
-        every count from its own up) and the counts below it are bisected with the repair, so
-        a step tries O(log) counts, not every one up to it. The repair has a budget of its own
-        per count, so a count that cannot be packed leaves the balancing its budget; at FFD's own
-        count the balanced construction still goes first. The plan found is then balanced
-        within `work`: exchanges with half of it; where they stop above the goal, by tokens,
-        MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges again."""
+        breaks the cap largest fit in rounds, or that repaired by exchanges. Where all fail,
+        first-fit decreasing's own count is packable (it packs every count from its own up) and
+        the counts below it are bisected with the constructions and the repairs (of largest
+        fit, and of FFD's packing cut to the count), so a step tries O(log) counts, not every
+        one up to it; FFD, pure Python, runs only then. Each repair has a budget of its own,
+        so a count that cannot be packed leaves the balancing its budget; at FFD's own count
+        the balanced construction still goes first. The plan found is then balanced within
+        `work`: exchanges with half of it; where they stop above the goal, by tokens, MULTIFIT
+        (partition.multifit) below the heaviest bin they reached; exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
-        bin_of = self._cheap(sizes, weights, counts[0], cap)
+        bin_of = self._balanced(weights, counts[0], sizes, cap)
+        if bin_of is None:  # before FFD: most steps the construction misses pack here
+            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, self.budget)
         at = 0
         if bin_of is None:
             ffd = first_fit_decreasing(sizes, cap)
@@ -488,8 +499,11 @@ class BalancedPacker:
             lo, hi = 0, fits
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = self._cheap(sizes, weights, counts[mid], cap) if mid else None
-                got = self._repaired(sizes, weights, counts[mid], cap, ffd) if got is None else got
+                got = self._balanced(weights, counts[mid], sizes, cap) if mid else None
+                if got is None and mid:
+                    got = self._fit_repaired(sizes, weights, counts[mid], cap, self.budget)
+                if got is None:
+                    got = self._cut_repaired(sizes, weights, counts[mid], cap, ffd)
                 if got is None:
                     lo = mid + 1
                 else:
@@ -498,7 +512,10 @@ class BalancedPacker:
             if bin_of is None:
                 if at == len(counts) or len(sizes) < counts[at]:
                     return None
-                bin_of = self._cheap(sizes, weights, counts[at], cap) if at else None
+                if at:  # FFD's own count: the constructions as they are, else FFD's packing
+                    bin_of = self._balanced(weights, counts[at], sizes, cap)
+                    if bin_of is None:
+                        bin_of = self._fit_repaired(sizes, weights, counts[at], cap, 0)
                 if bin_of is None:
                     bin_of = ffd.copy()
                     fill_empty(bin_of, weights, counts[at])
@@ -516,28 +533,30 @@ class BalancedPacker:
             improve(bin_of, sizes, weights, bins, cap, goal, work)
         return bins, bin_of
 
-    def _cheap(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
+    def _balanced(
+        self, weights: np.ndarray, bins: int, sizes: np.ndarray, cap: int
     ) -> np.ndarray | None:
-        """The balanced construction into `bins`, or largest fit in rounds where it breaks the
-        cap; None where both do."""
+        """The balanced construction into `bins`; None where it breaks the cap."""
         bin_of = construct(weights, bins, self.tolerance)
-        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap:
-            return bin_of
-        bin_of = fit_rounds(sizes, bins, cap)
         if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap:
             return bin_of
         return None
 
-    def _repaired(
+    def _fit_repaired(
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, budget: int
+    ) -> np.ndarray | None:
+        """Largest fit in rounds into `bins`, where it breaks the cap repaired by exchanges
+        within `budget` item visits of its own (0: as it is); None where that falls short."""
+        fit = fit_rounds(sizes, bins, cap)
+        if int(np.bincount(fit, weights=sizes, minlength=bins).max()) <= cap:
+            return fit
+        return fit if improve(fit, sizes, weights, bins, cap, cap, Work(budget)) else None
+
+    def _cut_repaired(
         self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, ffd: np.ndarray
     ) -> np.ndarray | None:
-        """Largest fit in rounds into `bins`, or else first-fit decreasing's packing `ffd` (more
-        bins) cut to `bins`, repaired by exchanges within a budget of its own each; None where
-        both repairs fall short."""
-        fit = fit_rounds(sizes, bins, cap)
-        if improve(fit, sizes, weights, bins, cap, cap, Work(self.budget)):
-            return fit
+        """First-fit decreasing's packing `ffd` (more bins) cut to `bins`, repaired by
+        exchanges within a budget of its own; None where the repair falls short."""
         cut = cut_to(ffd, sizes, bins)
         return cut if improve(cut, sizes, weights, bins, cap, cap, Work(self.budget)) else None
 

@@ -13,10 +13,18 @@ O((items in the pairs) log) work.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below and two above
+
+
+def visits(heavy_items: Any, light_items: Any, n: int) -> Any:
+    """The item visits `best_exchanges` charges for pairs whose heavy bins hold `heavy_items`
+    (once per pair) and light bins `light_items` of `n` items in all: of ints an int, of
+    arrays (running sums over the pairs) an array."""
+    return heavy_items * len(WINDOW) + light_items + n // 8
 
 
 def _members(
@@ -83,7 +91,7 @@ def best_exchanges(
     evening groups). Of a heavy bin's pairs it takes the exchange that leaves the pair's
     heavier side lightest."""
     hi, p, li, pl = _members(bin_of, heavy, light, len(size_load), movable)
-    visited = hi.size * len(WINDOW) + li.size + len(bin_of) // 8
+    visited = visits(hi.size, li.size, len(bin_of))
     if hi.size == 0:
         return Exchanges.none(visited)
     # Candidates in light bins, plus one zero-value stand-in per pair (a move).
