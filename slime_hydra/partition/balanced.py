@@ -478,20 +478,20 @@ class BalancedPacker:
         """The first bin count of `counts` (ascending) these items fill, non-empty and within
         the cap (every size <= cap), as far as the constructions below find, and the bin of
         each item; None if none. The first count gets the balanced construction, or where it
-        breaks the cap largest fit in rounds, or that repaired by exchanges. Where all fail,
-        first-fit decreasing's own count is packable (it packs every count from its own up) and
-        the counts below it are bisected with the constructions and the repairs (of largest
-        fit, and of FFD's packing cut to the count), so a step tries O(log) counts, not every
-        one up to it; FFD, pure Python, runs only then. Each repair has a budget of its own,
-        so a count that cannot be packed leaves the balancing its budget; at FFD's own count
-        the balanced construction still goes first. The plan found is then balanced within
-        `work`: exchanges with half of it; where they stop above the goal, by tokens, MULTIFIT
-        (partition.multifit) below the heaviest bin they reached; exchanges again."""
+        breaks the cap largest fit in rounds. Where both fail, first-fit decreasing's own count
+        is packable (it packs every count from its own up) and the counts below it are
+        bisected with the constructions and the repairs (of largest fit, and of FFD's packing
+        cut to the count), so a step tries O(log) counts, not every one up to it. Each repair
+        has a budget of its own, so a count that cannot be packed leaves the balancing its
+        budget; at FFD's own count the constructions still go first. The plan found is then
+        balanced within `work`: exchanges with half of it; where they stop above the goal, by
+        tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges
+        again."""
         if not counts or len(sizes) < counts[0]:
             return None
         bin_of = self._balanced(weights, counts[0], sizes, cap)
-        if bin_of is None:  # before FFD: most steps the construction misses pack here
-            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, self.budget)
+        if bin_of is None:
+            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, 0)
         at = 0
         if bin_of is None:
             ffd = first_fit_decreasing(sizes, cap)
@@ -500,7 +500,7 @@ class BalancedPacker:
             while lo < hi:
                 mid = (lo + hi) // 2
                 got = self._balanced(weights, counts[mid], sizes, cap) if mid else None
-                if got is None and mid:
+                if got is None:
                     got = self._fit_repaired(sizes, weights, counts[mid], cap, self.budget)
                 if got is None:
                     got = self._cut_repaired(sizes, weights, counts[mid], cap, ffd)
