@@ -34,6 +34,7 @@ from slime_hydra.partition.exchange import (
     apply_exchanges,
     best_exchanges,
     bulk_moves,
+    bulk_visits,
     visits,
 )
 from slime_hydra.partition.greedy import first_fit_decreasing
@@ -387,6 +388,7 @@ def even_groups(
     state = _State.of(bin_of, sizes, weights, bins)
     load = state.weight_load
     ceiling = int(load.max())
+    n = len(bin_of)
     # No group weighs less than the mean, than the heaviest item, or than its locked bins and
     # one of the lightest items in each of its other bins (no bin goes empty).
     fixed_load = np.where(locked, load, 0).reshape(groups, k)
@@ -416,6 +418,13 @@ def even_groups(
         h_bins, l_bins = h_bins.ravel(), l_bins.ravel()
         open_ = ~locked[h_bins] & ~locked[l_bins]
         h_bins, l_bins, gap = h_bins[open_], l_bins[open_], gap[open_]
+        # Only the bin pairs the budget pays for (bulk moves, then exchanges), heaviest first.
+        held = np.cumsum(state.counts[h_bins])
+        cost = bulk_visits(held, n) + visits(held, np.cumsum(state.counts[l_bins]), n)
+        paid = int(np.searchsorted(cost, work.budget - work.spent - 2 * PASS_OVERHEAD, "right"))
+        if paid == 0:
+            return
+        h_bins, l_bins, gap = h_bins[:paid], l_bins[:paid], gap[:paid]
         room = ceiling - load[l_bins]
         ex = bulk_moves(  # each bin pair at most 1/(2k) of the gap: the pair together <= 1/2
             state.bin_of,
@@ -428,10 +437,11 @@ def even_groups(
             state.counts,
             movable,
         )
+        work.charge(ex.visited)
         if ex.give.size == 0:  # one exchange per pair of groups, the best of its bin pairs
             ex = state.exchanges(weights, (h_bins, l_bins), gap, room, cap, movable)
+            work.charge(ex.visited)
             ex = _one_per_group(ex, weights, group_load, k)
-        work.charge(ex.visited)
         top = heavy[0]
         if ex.give.size:
             state.apply(ex)

@@ -27,6 +27,11 @@ def visits(heavy_items: Any, light_items: Any, n: int) -> Any:
     return heavy_items * len(WINDOW) + light_items + n // 8
 
 
+def bulk_visits(heavy_items: Any, n: int) -> Any:
+    """The item visits `bulk_moves` charges for pairs whose heavy bins hold `heavy_items`."""
+    return heavy_items + n // 8
+
+
 def _members(
     bin_of: np.ndarray, heavy: np.ndarray, light: np.ndarray, bins: int, movable: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -181,7 +186,7 @@ def bulk_moves(
     `shift[p]` in value and `size_room[p]` in size, leaving the heavy bin at least one item:
     many small items at once where one exchange moves too little."""
     hi, p, _, _ = _members(bin_of, heavy, light, len(counts), movable)
-    visited = hi.size + len(bin_of) // 8
+    visited = bulk_visits(hi.size, len(bin_of))
     order = np.lexsort((hi, values[hi], p))
     hi, p = hi[order], p[order]
     starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1])))

@@ -218,6 +218,28 @@ def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
 
 
 @PROPERTY
+@given(packing_cases(), st.integers(1, 8), st.integers(0, 400_000))
+def test_evening_groups_keeps_the_packings_invariants_and_its_budget(case, groups, budget):
+    sizes, weights, bins, cap = case
+    k = max(1, bins // groups)
+    bins = groups * k
+    if bins > len(sizes):
+        return
+    bin_of = construct(weights, bins, 0.01)
+    top = max(_loads(bin_of, weights, bins))
+    over = max(_loads(bin_of, sizes, bins)) > cap
+    work = Work(budget)
+    even_groups(bin_of, sizes, weights, groups, cap, 0.0025, work)
+    # Each pass takes only the bin pairs what is left pays for, both its searches counted.
+    assert work.spent <= budget
+    assert (np.bincount(bin_of, minlength=bins) > 0).all()
+    assert max(_loads(bin_of, weights, bins)) <= top
+    if not over:
+        counts = np.bincount(bin_of, minlength=bins)
+        assert ((np.bincount(bin_of, weights=sizes, minlength=bins) <= cap) | (counts == 1)).all()
+
+
+@PROPERTY
 @given(packing_cases())
 def test_improving_never_raises_the_heaviest_bin_and_a_zero_budget_changes_nothing(case):
     sizes, weights, bins, cap = case
