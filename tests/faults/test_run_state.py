@@ -245,8 +245,10 @@ def recorded(state: dict) -> None:
 
 
 def grouped(model: dict) -> list[str]:
-    """The weight names of `model` in the optimizer's order: decayed, then biases and 1-D."""
-    return [k for skip in (False, True) for k in model if no_weight_decay(k, model[k]) == skip]
+    """The weight names of `model` in the optimizer's order: decayed, then biases and 1-D (not
+    megatron's `_extra_state` entries)."""
+    weights = {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
+    return [k for skip in (False, True) for k in weights if no_weight_decay(k, weights[k]) == skip]
 
 
 def reordered(state: dict, permute_moments: bool) -> None:
