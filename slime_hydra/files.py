@@ -24,7 +24,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from slime_hydra.errors import SlimeHydraError
 
@@ -254,6 +254,9 @@ class NoFollowFileHandler(logging.FileHandler):
     traceback per record)."""
 
     full: bool = False
+    unopened: ClassVar[dict[str, str]] = {}
+    """Log files that could not be opened (a dir or another non-file planted in their place):
+    path → why. Their records go nowhere, and the run refuses the dir (check_logs)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.full:
@@ -280,10 +283,21 @@ class NoFollowFileHandler(logging.FileHandler):
         try:
             fd = os.open(self.baseFilename, flags, 0o644)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
+            if exc.errno != errno.ELOOP:  # a link: refuse_links names it
+                NoFollowFileHandler.unopened[self.baseFilename] = exc.strerror or str(exc)
             fd = os.open(os.devnull, os.O_WRONLY)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
+def check_logs(root: Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a run dir whose log file could not be opened (NoFollowFileHandler.unopened): a dir
+    or another non-file planted at its name would leave the run without its log."""
+    for path, why in NoFollowFileHandler.unopened.items():
+        if Path(path).parent == Path(root):
+            raise SlimeHydraError(
+                f"{path} cannot be opened as the run's log file ({why}): the run writes its "
+                f"messages there. Remove what is at that name, or pass a new {key}."
+            )
 
 
 def available_memory() -> int | None:
