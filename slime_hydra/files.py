@@ -72,7 +72,17 @@ def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     """mkdir -p `path` below `root`, refusing a symlink on the way (`key`: the setting that
     names the dir, for the message)."""
     check_inside(path, root, key)
-    Path(path).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        at = Path(path)
+        while at.is_dir() or not os.path.lexists(at):
+            at = at.parent
+        where = "there" if at == Path(path) else f"as {path}"
+        raise SlimeHydraError(
+            f"{at} is a file, not a dir, and the run makes a dir {where}: move the file away, or "
+            f"pass a new {key}."
+        ) from None
     check_inside(path, root, key)
 
 
@@ -119,6 +129,12 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
     """Write every file of `files` (all below `root`) or none: each is staged under a temporary
     name first, then all are renamed into place; on a failure the temporary files are removed
     and a full disk becomes our error with the path and the bytes needed."""
+    for path in files:  # before any is written: a rename onto a dir would fail half-way
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise SlimeHydraError(
+                f"{path} is a directory, and the run writes its file there: remove it, or pass a "
+                "new hydra.run.dir."
+            )
     staged: list[tuple[Path, Path]] = []
     try:
         for path, content in files.items():
