@@ -284,6 +284,8 @@ def with_master_copies(state: dict, copy_shape: tuple[int, ...] | None = None) -
         ("truncated", "not a readable checkpoint (truncated or damaged"),
         ("crafted", "only a full unpickler could rebuild"),
         ("missing_rank", "rank_001.pt is missing"),
+        ("rank_file_a_dir", "rank_001.pt is a directory, not a rank's checkpoint file"),
+        ("rank_file_a_fifo", "rank_001.pt is not a regular file (a FIFO, device or socket), not"),
         ("other_schedule", "different schedule"),
         ("latest_past_the_end", "latest names step 99999999, but"),
         ("latest_arabic_digit", "holds '٣', not a step count"),
@@ -352,6 +354,12 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
         torch.save({"steps_done": 2, "schedule": "d", "model": RunsCode(), "optimizer": {}}, rank1)
     elif damage == "missing_rank":
         rank1.unlink()
+    elif damage == "rank_file_a_dir":  # was "missing: saved by fewer ranks"
+        rank1.unlink()
+        rank1.mkdir()
+    elif damage == "rank_file_a_fifo":
+        rank1.unlink()
+        os.mkfifo(rank1)
     elif damage == "latest_past_the_end":
         (tmp_path / "checkpoints/latest").write_text("99999999\n")
     elif damage == "latest_arabic_digit":

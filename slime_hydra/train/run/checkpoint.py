@@ -224,6 +224,12 @@ def read(path: Path, mmap: bool = False) -> dict[str, Any]:
             f"{path.parents[1] / 'latest'} names step {path.parent.name[5:].lstrip('0')}, but "
             f"{path.parent} does not exist: latest points at no saved checkpoint. " + fix
         )
+    if os.path.lexists(path) and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file (a FIFO, device or socket)"
+        raise SlimeHydraError(
+            f"{path} is {what}, not a rank's checkpoint file: the file was replaced after it was "
+            "saved. " + fix
+        )
     if not path.is_file():
         raise SlimeHydraError(
             f"{path} is missing: the checkpoint was saved by fewer ranks; resume with the same "
