@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -238,6 +239,7 @@ def sweep_job_subdirs(config: DictConfig) -> list[tuple[str, int, list[str], str
     overrides or a subdir Hydra itself will report."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import open_dict, read_write
@@ -262,6 +264,16 @@ def sweep_job_subdirs(config: DictConfig) -> list[tuple[str, int, list[str], str
             numbered = [(f"trial {trial[1]} {longest}", trial[1], trial[0])]
         else:
             return None
+        raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
+        if any(not k.startswith("hydra.job.") for k in re.findall(r"\$\{([^}]*)\}", str(raw))):
+            # It reads the job's config: compose each job's as the launcher will (slower).
+            loader = GlobalHydra.instance().config_loader()
+            for name, num, job in numbered:
+                job_cfg = loader.load_sweep_config(config, list(job))
+                with open_dict(job_cfg):
+                    job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"job_id_for_{num}"
+                out.append((name, num, job, str(job_cfg.hydra.sweep.subdir)))
+            return out
         parsed = {o: parser.parse_override(o) for o in {o for *_, job in numbered for o in job}}
         exclude = list(naming.exclude_keys)
         with read_write(cfg.hydra), open_dict(cfg.hydra):

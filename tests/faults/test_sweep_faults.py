@@ -103,6 +103,20 @@ def test_job_dirs_that_are_not_one_per_job_below_the_sweep_dir_are_refused(
     assert list(sweep.iterdir()) == []
 
 
+def test_job_dirs_named_from_the_jobs_config_are_checked_with_each_jobs_values(tmp_path):
+    """hydra.sweep.subdir=${seed} was resolved with the base config's seed (1234) for every
+    job, so a sound sweep was refused as two jobs in one dir."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep("seed=1,2", "hydra.sweep.subdir=${seed}", sweep)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert out.stdout.splitlines()[-1] == f"sweep: 2 jobs, 0 failed ({sweep})"
+    assert (sweep / "1/metrics.jsonl").is_file() and (sweep / "2/metrics.jsonl").is_file()
+    again = tmp_path / "again"
+    out = run_sweep("seed=1,1", "hydra.sweep.subdir=${seed}", again)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
+    assert f"jobs 0 and 1 of this sweep would both run in {again / '1'}: " in out.stderr
+
+
 def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     """A plan-mode sweep; a Path is the sweep dir."""
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
