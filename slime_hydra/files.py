@@ -78,10 +78,9 @@ def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
         at = Path(path)
         while at.is_dir() or not os.path.lexists(at):
             at = at.parent
-        where = "there" if at == Path(path) else f"as {path}"
+        where = "" if at == Path(path) else f" ({path})"
         raise SlimeHydraError(
-            f"{at} is a file, not a dir, and the run makes a dir {where}: move the file away, or "
-            f"pass a new {key}."
+            f"{at} is a file where a dir is needed{where}: move the file away, or pass a new {key}."
         ) from None
     check_inside(path, root, key)
 

@@ -136,7 +136,7 @@ def test_a_sweep_into_a_dir_with_a_planted_link_is_refused_before_any_job(tmp_pa
 
 # Entries a run creates, planted as the other kind (a file for a dir, a dir for a file).
 OTHER_KIND = {
-    ".hydra": ("file", "/.hydra is a file, not a dir, and the run makes a dir there"),
+    ".hydra": ("file", "/.hydra is a file where a dir is needed: move the file away"),
     ".hydra/hydra.yaml": ("dir", "/.hydra/hydra.yaml is a directory, and the run writes its file"),
 }
 
