@@ -389,12 +389,32 @@ def _depth(value: Any) -> int:
     return depth
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object as a dict, refusing a key named twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, at: str) -> Any:
-    """One JSON value from `text`; our error naming `at` for invalid or too deeply nested JSON."""
+    """One JSON value from `text`; our error naming `at` for invalid or too deeply nested JSON,
+    or an object that names a key twice (json.loads would keep the last one silently)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise SlimeHydraError(f"{at}: not valid JSON ({exc.msg}).") from None
+    except _DuplicateKey as exc:
+        raise SlimeHydraError(
+            f"{at}: an object names the key {exc.args[0]!r} twice, and which value it means is "
+            "not defined (a JSON reader keeps one silently). Write each key once."
+        ) from None
     except RecursionError:
         value = None
         too_deep = True

@@ -272,6 +272,10 @@ def test_a_boolean_reward_is_named_as_such(tmp_path):
         (b"[" * 100000 + b"]" * 100000, ":1: JSON nested deeper than 200 levels"),
         (b'{"total_length": 4, "response_length": 5}', "response_length=5 is more than total"),
         (b'{"total_length": 4, "group": 9223372036854775807}', None),
+        (  # json.loads kept the last value silently
+            b'{"total_length": 4}\n{"total_length": 100, "total_length": 2}',
+            ":2: an object names the key 'total_length' twice",
+        ),
     ],
 )
 def test_trace_bytes_and_structure_are_named_by_line(tmp_path, data, needle):
