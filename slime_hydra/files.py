@@ -447,6 +447,23 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
             yield at, parse_json(line, at)
 
 
+def parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(`file row r`, record) of each row of a Parquet file, read as read_bytes reads (no FIFO,
+    dir or file larger than memory); a file pyarrow cannot read is our error naming it, with
+    pyarrow's reason on one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # only the Parquet sources need pyarrow
+
+    path = Path(path)
+    data = read_bytes(path, "data.path", "point data.path at a Parquet file.")
+    try:
+        rows = pq.read_table(pa.BufferReader(data)).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a file it cannot read
+        reason = " ".join(str(exc).split())[:300]
+        raise SlimeHydraError(f"{path}: not a readable Parquet file ({reason}).") from None
+    return ((f"{path} row {r}", row) for r, row in enumerate(rows))
+
+
 def parse_count(text: str) -> int | None:
     """A non-negative integer written in ASCII digits only, or None: "٣", " 3", "+3", "3.0" and
     "1_000" are not counts (int() would read several of them)."""
