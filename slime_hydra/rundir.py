@@ -127,14 +127,16 @@ class RunDirLock:
         try:
             refuse_links(self.path.parent)
             check_logs(self.path.parent)
+            if os.path.lexists(self.path) and not self.path.is_file():
+                what = "a directory" if self.path.is_dir() else "not a regular file (a FIFO?)"
+                raise RunDirError(
+                    f"{self.path} is {what}: it must be the run dir's lock file (a run writes "
+                    f"its pid there). Remove it from {self.path.parent}, or pass a new "
+                    "hydra.run.dir."
+                )
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except SlimeHydraError as exc:
             raise RunDirError(str(exc)) from None
-        except IsADirectoryError:
-            raise RunDirError(
-                f"{self.path} is a directory: it must be the run dir's lock file (a run writes its "
-                f"pid there). Remove it from {self.path.parent}, or pass a new hydra.run.dir."
-            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -256,6 +256,7 @@ def test_swapped_rank_files_are_refused_before_launch(run_dir):
         ("arabic_latest", "holds '٣', not a step count"),
         ("alias_bomb_config", "config.yaml is not readable YAML (found an alias (*name), which"),
         ("lock_dir", ".lock is a directory: it must be the run dir's lock file"),
+        ("lock_fifo", ".lock is not a regular file (a FIFO?): it must be the run dir's lock"),
         ("checkpoints_file", "checkpoints is not a directory, so it holds no checkpoints"),
     ],
 )
@@ -282,6 +283,9 @@ def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_d
     elif damage == "lock_dir":
         (run_dir / ".lock").unlink()
         (run_dir / ".lock").mkdir()
+    elif damage == "lock_fifo":  # os.pread on it: OSError 'Illegal seek', a traceback
+        (run_dir / ".lock").unlink()
+        os.mkfifo(run_dir / ".lock")
     elif damage == "checkpoints_file":
         shutil.rmtree(run_dir / "checkpoints")
         (run_dir / "checkpoints").write_text("not a dir\n")
