@@ -111,7 +111,8 @@ class Stopped(BaseException):
         self.signum = signum
 
 
-def _raise_stopped(signum: int, frame: object) -> None:
+def raise_stopped(signum: int, frame: object) -> None:
+    """The SIGTERM handler of a run: raise Stopped where the process is."""
     raise Stopped(signum)
 
 
@@ -214,7 +215,7 @@ def main(cfg: DictConfig) -> float | None:
         _note(sweep_dir, job_dir, None, hydra_cfg.job.num)
     held_before = bool(holds_run(job_dir))
     attempt = Attempt()
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGTERM, raise_stopped)
     if not multirun:
         return _main(cfg, job_dir, held_before, attempt)
     objective = _main(cfg, job_dir, held_before, attempt, multirun=True)

@@ -24,7 +24,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from slime_hydra.errors import SlimeHydraError
 
@@ -72,7 +72,16 @@ def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     """mkdir -p `path` below `root`, refusing a symlink on the way (`key`: the setting that
     names the dir, for the message)."""
     check_inside(path, root, key)
-    Path(path).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        at = Path(path)
+        while at.is_dir() or not os.path.lexists(at):
+            at = at.parent
+        where = "" if at == Path(path) else f" ({path})"
+        raise SlimeHydraError(
+            f"{at} is a file where a dir is needed{where}: move the file away, or pass a new {key}."
+        ) from None
     check_inside(path, root, key)
 
 
@@ -119,6 +128,12 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
     """Write every file of `files` (all below `root`) or none: each is staged under a temporary
     name first, then all are renamed into place; on a failure the temporary files are removed
     and a full disk becomes our error with the path and the bytes needed."""
+    for path in files:  # before any is written: a rename onto a dir would fail half-way
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise SlimeHydraError(
+                f"{path} is a directory, and the run writes its file there: remove it, or pass a "
+                "new hydra.run.dir."
+            )
     staged: list[tuple[Path, Path]] = []
     try:
         for path, content in files.items():
@@ -254,6 +269,9 @@ class NoFollowFileHandler(logging.FileHandler):
     traceback per record)."""
 
     full: bool = False
+    unopened: ClassVar[dict[str, str]] = {}
+    """Log files that could not be opened (a dir or another non-file planted in their place):
+    path → why. Their records go nowhere, and the run refuses the dir (check_logs)."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.full:
@@ -280,10 +298,21 @@ class NoFollowFileHandler(logging.FileHandler):
         try:
             fd = os.open(self.baseFilename, flags, 0o644)
         except OSError as exc:
-            if exc.errno != errno.ELOOP:
-                raise
+            if exc.errno != errno.ELOOP:  # a link: refuse_links names it
+                NoFollowFileHandler.unopened[self.baseFilename] = exc.strerror or str(exc)
             fd = os.open(os.devnull, os.O_WRONLY)
         return os.fdopen(fd, "a", encoding=self.encoding, errors=self.errors)
+
+
+def check_logs(root: Path, key: str = "hydra.run.dir") -> None:
+    """Refuse a run dir whose log file could not be opened (NoFollowFileHandler.unopened): a dir
+    or another non-file planted at its name would leave the run without its log."""
+    for path, why in NoFollowFileHandler.unopened.items():
+        if Path(path).parent == Path(root):
+            raise SlimeHydraError(
+                f"{path} cannot be opened as the run's log file ({why}): the run writes its "
+                f"messages there. Remove what is at that name, or pass a new {key}."
+            )
 
 
 def available_memory() -> int | None:
@@ -360,12 +389,32 @@ def _depth(value: Any) -> int:
     return depth
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: the object as a dict, refusing a key named twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def parse_json(text: str, at: str) -> Any:
-    """One JSON value from `text`; our error naming `at` for invalid or too deeply nested JSON."""
+    """One JSON value from `text`; our error naming `at` for invalid or too deeply nested JSON,
+    or an object that names a key twice (json.loads would keep the last one silently)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise SlimeHydraError(f"{at}: not valid JSON ({exc.msg}).") from None
+    except _DuplicateKey as exc:
+        raise SlimeHydraError(
+            f"{at}: an object names the key {exc.args[0]!r} twice, and which value it means is "
+            "not defined (a JSON reader keeps one silently). Write each key once."
+        ) from None
     except RecursionError:
         value = None
         too_deep = True
@@ -396,6 +445,23 @@ def json_lines(path: Path) -> Iterator[tuple[str, Any]]:
             ) from None
         if line.strip():
             yield at, parse_json(line, at)
+
+
+def parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    """(`file row r`, record) of each row of a Parquet file, read as read_bytes reads (no FIFO,
+    dir or file larger than memory); a file pyarrow cannot read is our error naming it, with
+    pyarrow's reason on one line."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq  # only the Parquet sources need pyarrow
+
+    path = Path(path)
+    data = read_bytes(path, "data.path", "point data.path at a Parquet file.")
+    try:
+        rows = pq.read_table(pa.BufferReader(data)).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a file it cannot read
+        reason = " ".join(str(exc).split())[:300]
+        raise SlimeHydraError(f"{path}: not a readable Parquet file ({reason}).") from None
+    return ((f"{path} row {r}", row) for r, row in enumerate(rows))
 
 
 def parse_count(text: str) -> int | None:

@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,7 +30,14 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import make_dirs, open_append, read_text, refuse_links, write_files
+from slime_hydra.files import (
+    check_logs,
+    make_dirs,
+    open_append,
+    read_text,
+    refuse_links,
+    write_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +126,17 @@ class RunDirLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             refuse_links(self.path.parent)
+            check_logs(self.path.parent)
+            if os.path.lexists(self.path) and not self.path.is_file():
+                what = "a directory" if self.path.is_dir() else "not a regular file (a FIFO?)"
+                raise RunDirError(
+                    f"{self.path} is {what}: it must be the run dir's lock file (a run writes "
+                    f"its pid there). Remove it from {self.path.parent}, or pass a new "
+                    "hydra.run.dir."
+                )
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except SlimeHydraError as exc:
             raise RunDirError(str(exc)) from None
-        except IsADirectoryError:
-            raise RunDirError(
-                f"{self.path} is a directory: it must be the run dir's lock file (a run writes its "
-                f"pid there). Remove it from {self.path.parent}, or pass a new hydra.run.dir."
-            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -188,47 +199,105 @@ def make_run_dir(path: str | Path, key: str) -> None:
         ) from None
 
 
-def sweep_job_subdirs(config: DictConfig) -> list[tuple[list[str], str]] | None:
-    """(overrides, hydra.sweep.subdir) of each job of a basic sweep, named as Hydra's launchers
-    name them (its job number and override_dirname); None for another sweeper, which picks its
-    jobs as it runs, or for sweep overrides or a subdir Hydra itself will report."""
+LONGEST_FLOAT = "-2.2250738585072014e-308"
+"""The longest text Python writes a float as (24 characters): an optuna trial's float value is
+written into its dir name at most this long."""
+
+
+def _longest_value(distribution: Any) -> str:
+    """The longest value an optuna distribution gives a trial, as the sweeper writes it."""
+    from optuna.distributions import (
+        CategoricalDistribution,
+        IntLogUniformDistribution,
+        IntUniformDistribution,
+    )
+
+    if isinstance(distribution, CategoricalDistribution):
+        return max((str(c) for c in distribution.choices), key=len)
+    if isinstance(distribution, IntUniformDistribution | IntLogUniformDistribution):
+        return max(str(distribution.low), str(distribution.high), key=len)
+    return LONGEST_FLOAT
+
+
+def _optuna_trial(config: DictConfig) -> tuple[list[str], int] | None:
+    """The overrides of an optuna sweep's trial with every swept key at its longest value, and
+    the last trial's number: the longest dir its trials can get; None where its search space is
+    not all in the overrides (a custom or a deprecated search_space)."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import create_params_from_overrides
+
+    sweeper = config.hydra.sweeper
+    if sweeper.get("custom_search_space") or sweeper.get("search_space"):
+        return None
+    params = [f"{k!s}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    space, fixed = create_params_from_overrides([*params, *config.hydra.overrides.task])
+    trial = {name: _longest_value(d) for name, d in space.items()} | fixed
+    return [f"{name}={value}" for name, value in trial.items()], int(sweeper.n_trials) - 1
+
+
+def sweep_job_subdirs(config: DictConfig) -> list[tuple[str, int, list[str], str]] | None:
+    """(what to call it, job number, overrides, hydra.sweep.subdir) of each job of a basic
+    sweep, named as Hydra's launchers name them (its job number and override_dirname); of an
+    optuna sweep, one: the longest dir a trial can get; None for another sweeper, for sweep
+    overrides or a subdir Hydra itself will report."""
     from hydra._internal.config_loader_impl import get_overrides_dirname
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
     from omegaconf import open_dict, read_write
     from omegaconf.errors import OmegaConfBaseException
 
-    if not str(config.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
-        return None
-    params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    target = str(config.hydra.sweeper.get("_target_", ""))
     parser = OverridesParser.create()
     naming = config.hydra.job.config.override_dirname
     cfg = config.copy()
     out = []
     try:
-        overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
-        (jobs,) = BasicSweeper.split_arguments(overrides, None)
-        parsed = {o: parser.parse_override(o) for o in {o for job in jobs for o in job}}
+        if target.endswith(".BasicSweeper"):
+            params = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+            overrides = parser.parse_overrides([*params, *config.hydra.overrides.task])
+            (jobs,) = BasicSweeper.split_arguments(overrides, None)
+            numbered = [(f"job {num} of this sweep", num, job) for num, job in enumerate(jobs)]
+        elif target.endswith(".OptunaSweeper"):
+            trial = _optuna_trial(config)
+            if trial is None:
+                return None
+            longest = "of this sweep (each swept key at its longest value)"
+            numbered = [(f"trial {trial[1]} {longest}", trial[1], trial[0])]
+        else:
+            return None
+        raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
+        if any(not k.startswith("hydra.job.") for k in re.findall(r"\$\{([^}]*)\}", str(raw))):
+            # It reads the job's config: compose each job's as the launcher will (slower).
+            loader = GlobalHydra.instance().config_loader()
+            for name, num, job in numbered:
+                job_cfg = loader.load_sweep_config(config, list(job))
+                with open_dict(job_cfg):
+                    job_cfg.hydra.job.num, job_cfg.hydra.job.id = num, f"job_id_for_{num}"
+                out.append((name, num, job, str(job_cfg.hydra.sweep.subdir)))
+            return out
+        parsed = {o: parser.parse_override(o) for o in {o for *_, job in numbered for o in job}}
         exclude = list(naming.exclude_keys)
         with read_write(cfg.hydra), open_dict(cfg.hydra):
-            for num, job in enumerate(jobs):
+            for name, num, job in numbered:
                 dirname = get_overrides_dirname(
                     [parsed[o] for o in job], exclude, naming.item_sep, naming.kv_sep
                 )
                 cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
                 cfg.hydra.job.override_dirname = dirname
-                out.append((job, str(cfg.hydra.sweep.subdir)))
-    except (HydraException, OmegaConfBaseException):
+                out.append((name, num, job, str(cfg.hydra.sweep.subdir)))
+    except (HydraException, OmegaConfBaseException, ValueError, AssertionError):
         return None
     return out
 
 
 def check_job_dirs(config: DictConfig) -> None:
     """Every job of a basic sweep gets a dir of its own below the sweep dir, with names and a
-    path the file system allows. hydra.sweep.subdir names them: a long swept value would make
-    Hydra fail creating one with a traceback after the jobs before it ran, two jobs in one dir
-    would refuse every job after the first, and '..' would put a job outside the sweep dir."""
+    path the file system allows, and so does every trial of an optuna sweep (checked with its
+    longest values). hydra.sweep.subdir names them: a long swept value, or a file where a job's
+    dir goes, would make Hydra fail creating it with a traceback after the jobs before it ran,
+    two jobs in one dir would refuse every job after the first, and '..' would put a job
+    outside the sweep dir."""
     jobs = sweep_job_subdirs(config)
     sweep_dir = Path(config.hydra.sweep.dir).absolute()
     name_max = os.pathconf(sweep_dir, "PC_NAME_MAX")
@@ -236,7 +305,7 @@ def check_job_dirs(config: DictConfig) -> None:
     raw = OmegaConf.to_container(config.hydra.sweep, resolve=False)["subdir"]
     fix = "No job was run. Name the job dirs by number with hydra.sweep.subdir='${hydra.job.num}'"
     taken: dict[str, int] = {}
-    for num, (job, subdir) in enumerate(jobs or ()):
+    for name, num, job, subdir in jobs or ():
         path = sweep_dir / subdir
         longest = max((len(os.fsencode(part)) for part in Path(subdir).parts), default=0)
         shown = str(path) if len(str(path)) <= 160 else f"{str(path)[:160]}…"
@@ -247,15 +316,25 @@ def check_job_dirs(config: DictConfig) -> None:
                 else f"a path of {len(os.fsencode(path))} bytes where it allows {path_max - 1}"
             )
             raise SlimeHydraError(
-                f"job {num} of this sweep would run in {shown}, {limit}: "
+                f"{name} would run in {shown}, {limit}: "
                 f"hydra.sweep.subdir={raw} names each job's dir after its overrides "
                 f"({' '.join(job)[:60]}…). {fix}, or sweep shorter values."
             )
         where = os.path.normpath(path)
         if Path(where) != sweep_dir and sweep_dir not in Path(where).parents:
             raise SlimeHydraError(
-                f"job {num} of this sweep would run in {where}, outside hydra.sweep.dir="
+                f"{name} would run in {where}, outside hydra.sweep.dir="
                 f"{sweep_dir}: hydra.sweep.subdir={raw} must name a dir below it. {fix}."
+            )
+        blocked = next(
+            (at for at in (Path(where), *Path(where).parents) if os.path.lexists(at)), None
+        )
+        if blocked is not None and not blocked.is_dir():
+            raise SlimeHydraError(
+                f"{name} would run in {where}, but "
+                f"{'that' if blocked == Path(where) else blocked} is a file, not a dir, so Hydra "
+                "could not make the job's dir (it would stop the sweep with a traceback there). "
+                "No job was run. Move the file away, or pass another hydra.sweep.dir."
             )
         if where in taken:
             raise SlimeHydraError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -50,14 +50,23 @@ class SweepSummary(Callback):
     """Prints sweep_line once every job of a multirun has returned; the launcher (basic,
     joblib, submitit) ran the jobs wherever it did, so the count is read from the sweep dir."""
 
+    running: ClassVar[SweepSummary | None] = None
+    """The sweep this process began and has not ended yet (for stopped_line)."""
+
     def __init__(self) -> None:
+        self._sweep_dir = Path()
         self._offset = 0
         self._before: set[Path] = set()
+
+    def line(self) -> str:
+        """This sweep's line, from what its sweep dir holds now."""
+        return sweep_line(self._sweep_dir, self._offset, self._before)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """Note the jobs an earlier sweep left in the sweep dir, and keep its multirun.yaml
         (Hydra would overwrite it with this sweep's) as multirun.K.yaml."""
-        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir = self._sweep_dir = Path(config.hydra.sweep.dir)
+        SweepSummary.running = self
         jobs = sweep_dir / SWEEP_JOBS
         self._offset = jobs.stat().st_size if jobs.is_file() else 0
         self._before = set(job_dirs(sweep_dir, JOB_DIR_MARKS)) if sweep_dir.is_dir() else set()
@@ -77,5 +86,12 @@ class SweepSummary(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Print the count line (stdout: after the jobs, logging is the last job's)."""
-        line = sweep_line(Path(config.hydra.sweep.dir), self._offset, self._before)
-        print(line, flush=True)
+        SweepSummary.running = None
+        print(self.line(), flush=True)
+
+
+def stopped_line(why: str) -> str | None:
+    """The line of a sweep this process began that stopped before its end (`why`: the signal or
+    exit status), counting the jobs its dir holds; None where no sweep is under way."""
+    summary, SweepSummary.running = SweepSummary.running, None
+    return None if summary is None else f"{summary.line()}; it stopped before its end ({why})"

@@ -24,21 +24,12 @@ from typing import Any
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.tokens import RolloutTokens
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import json_lines
+from slime_hydra.files import json_lines, parquet_rows
 
 
 def _records(path: Path) -> Iterator[tuple[str, Any]]:
     """(where, record) of a .jsonl or .parquet file."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow raises several types for a file it cannot read
-            raise SlimeHydraError(f"{path}: not a readable Parquet file ({exc}).") from None
-        yield from ((f"{path} row {r}", row) for r, row in enumerate(rows))
-        return
-    yield from json_lines(path)
+    yield from parquet_rows(path) if path.suffix == ".parquet" else json_lines(path)
 
 
 def _encodable(text: str, at: str, field: str) -> str:

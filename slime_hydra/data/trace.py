@@ -17,7 +17,7 @@ import numpy as np
 
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.files import json_lines
+from slime_hydra.files import json_lines, parquet_rows
 
 INT64 = (-(2**63), 2**63 - 1)
 
@@ -119,11 +119,5 @@ class ParquetTrace:
 
     def load(self) -> RolloutBatch:
         """Read the table, naming file and row of the first bad record."""
-        import pyarrow.parquet as pq  # only this source needs pyarrow
-
         path = _existing(self.path)
-        try:
-            rows = pq.read_table(path).to_pylist()
-        except Exception as exc:  # pyarrow raises several types for a file it cannot read
-            raise SlimeHydraError(f"{path}: not a readable Parquet file ({exc}).") from None
-        return records_to_batch(((f"{path} row {r}", row) for r, row in enumerate(rows)), path)
+        return records_to_batch(parquet_rows(path), path)

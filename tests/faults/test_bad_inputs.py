@@ -272,6 +272,10 @@ def test_a_boolean_reward_is_named_as_such(tmp_path):
         (b"[" * 100000 + b"]" * 100000, ":1: JSON nested deeper than 200 levels"),
         (b'{"total_length": 4, "response_length": 5}', "response_length=5 is more than total"),
         (b'{"total_length": 4, "group": 9223372036854775807}', None),
+        (  # json.loads kept the last value silently
+            b'{"total_length": 4}\n{"total_length": 100, "total_length": 2}',
+            ":2: an object names the key 'total_length' twice",
+        ),
     ],
 )
 def test_trace_bytes_and_structure_are_named_by_line(tmp_path, data, needle):
@@ -437,3 +441,27 @@ def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(SlimeHydraError, match=r"is not a regular file \(a FIFO, device or socket"):
         read_text(fifo, "the checkpoint's config", "fix it.")
+
+
+@pytest.mark.parametrize("source", ["trace", "text"])
+@pytest.mark.parametrize("kind", ["garbage", "fifo"])
+def test_a_parquet_file_that_cannot_be_read_is_one_line_naming_it(
+    tmp_path, tokenizer_dir, source, kind
+):
+    """pyarrow's reason held a newline, so the paragraph broke in two; a FIFO is refused before
+    pyarrow sees it (both Parquet sources now read through one reader)."""
+    path = tmp_path / "rollouts.parquet"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.write_bytes(b"PAR1" + b"\0" * 100 + b"PAR1")
+    text = TextRollouts(str(path), str(tokenizer_dir))
+    load = ParquetTrace(str(path)).load if source == "trace" else text.load
+    with pytest.raises(SlimeHydraError) as err:
+        load()
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message
+    if kind == "fifo":
+        assert "is not a file" in message or "not a regular file (a FIFO" in message
+    else:
+        assert message.startswith(f"{path}: not a readable Parquet file (")

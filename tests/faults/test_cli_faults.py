@@ -15,6 +15,7 @@ import torch
 
 from slime_hydra.rundir import RunDirLock
 from tests.faults.rundir import assert_untouched, snapshot
+from tests.faults.test_run_state import reordered
 from tests.integration.test_train_cpu import SMALL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,6 +188,27 @@ def test_adam_moments_of_another_shape_are_refused_before_launch(run_dir):
     assert_untouched(before, run_dir)
 
 
+def test_reordered_keys_with_moments_permuted_to_match_are_refused_before_launch(run_dir):
+    """The file's keys reversed and its moments permuted so that, paired in the file's order,
+    each has its weight's shape: the workers pair them in the model's order, so it failed there.
+    Refused before launch; the dir is left as it was."""
+    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+    state = torch.load(path, weights_only=True)
+    reordered(state, permute_moments=True)
+    torch.save(state, path)
+    before = snapshot(run_dir)
+    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
+    text = refused(
+        out,
+        "rank_000.pt: the optimizer's exp_avg of parameter 1 "
+        "(0.decoder.layers.0.self_attention.linear_proj.weight) has shape [128, 512], and this "
+        "run's model gives that weight [128, 128]: torch pairs saved moments with this run's "
+        "parameters by position in the model's order",
+    )
+    assert "Launching" not in text
+    assert_untouched(before, run_dir)
+
+
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
     metrics = run_dir / "metrics.jsonl"
     metrics.write_text(metrics.read_text() + '{"step": 3, "train/lo')  # killed mid-write
@@ -234,6 +256,7 @@ def test_swapped_rank_files_are_refused_before_launch(run_dir):
         ("arabic_latest", "holds '٣', not a step count"),
         ("alias_bomb_config", "config.yaml is not readable YAML (found an alias (*name), which"),
         ("lock_dir", ".lock is a directory: it must be the run dir's lock file"),
+        ("lock_fifo", ".lock is not a regular file (a FIFO?): it must be the run dir's lock"),
         ("checkpoints_file", "checkpoints is not a directory, so it holds no checkpoints"),
     ],
 )
@@ -260,6 +283,9 @@ def test_a_damaged_run_dir_is_refused_on_resume_before_anything_is_written(run_d
     elif damage == "lock_dir":
         (run_dir / ".lock").unlink()
         (run_dir / ".lock").mkdir()
+    elif damage == "lock_fifo":  # os.pread on it: OSError 'Illegal seek', a traceback
+        (run_dir / ".lock").unlink()
+        os.mkfifo(run_dir / ".lock")
     elif damage == "checkpoints_file":
         shutil.rmtree(run_dir / "checkpoints")
         (run_dir / "checkpoints").write_text("not a dir\n")
@@ -362,3 +388,22 @@ def test_a_report_into_a_read_only_run_dir_names_out(tmp_path):
         out.stderr
     )
     assert "Pass --out DIR to write it elsewhere." in out.stderr
+
+
+def test_a_dir_planted_as_the_runs_log_file_is_one_paragraph_and_a_sweep_goes_on(tmp_path):
+    """Hydra's job log opens through our handler: a dir at its name raised in Hydra's logging
+    setup, a traceback that aborted the whole sweep. The run is refused (its dir as it was),
+    and in a sweep that job alone fails."""
+    run = tmp_path / "run"
+    (run / "slime_hydra.log").mkdir(parents=True)
+    before = snapshot(run)
+    out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run}")
+    refused(out, f"{run / 'slime_hydra.log'} cannot be opened as the run's log file (Is a ")
+    assert_untouched(before, run)
+    assert sorted(p.name for p in run.iterdir()) == ["slime_hydra.log"]
+    sweep = tmp_path / "sweep"
+    job1 = sweep / "1_logger=jsonl,seed=2,trainer=plan"
+    (job1 / "slime_hydra.log").mkdir(parents=True)
+    out = cli("-m", "trainer=plan", "logger=jsonl", "seed=1,2,3", f"hydra.sweep.dir={sweep}")
+    assert out.returncode == 0 and "Traceback" not in out.stdout + out.stderr, out.stderr[-4000:]
+    assert out.stdout.splitlines()[-1] == f"sweep: 3 jobs, 1 failed (see {job1})"

@@ -149,8 +149,8 @@ def test_a_report_out_dir_under_a_file_is_one_line(tmp_path):
         [*cmd, "--out", str(tmp_path / "file")], cwd=REPO, capture_output=True, text=True
     )
     assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
-    assert f"the report of {d} cannot be written to {tmp_path / 'file'}" in out.stderr
-    assert "Pass --out DIR to write it elsewhere." in out.stderr
+    assert f"{tmp_path / 'file'} is a file where a dir is needed ({tmp_path / 'file'}" in out.stderr
+    assert "pass a new --out." in out.stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

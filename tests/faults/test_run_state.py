@@ -237,6 +237,46 @@ def merge_groups(optimizer: dict) -> None:
     assert rest
 
 
+def recorded(state: dict) -> None:
+    """Record the shapes of the state's tensors again, as the crafter of an edited file would."""
+    state["shapes"] = checkpoint.tensor_shapes(
+        {"model": state["model"], "optimizer": state["optimizer"]}
+    )
+
+
+def grouped(model: dict) -> list[str]:
+    """The weight names of `model` in the optimizer's order: decayed, then biases and 1-D (not
+    megatron's `_extra_state` entries)."""
+    weights = {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
+    return [k for skip in (False, True) for k in weights if no_weight_decay(k, weights[k]) == skip]
+
+
+def reordered(state: dict, permute_moments: bool) -> None:
+    """The model keys in reverse order; with `permute_moments`, the moments permuted so that,
+    paired by the file's key order, each still has its weight's shape."""
+    before = grouped(state["model"])
+    state["model"] = dict(reversed(state["model"].items()))
+    if permute_moments:
+        torch_state = state["optimizer"]["state"]
+        saved_id = {name: i for i, name in enumerate(before)}
+        after = grouped(state["model"])
+        state["optimizer"]["state"] = {i: torch_state[saved_id[n]] for i, n in enumerate(after)}
+    recorded(state)
+
+
+def with_master_copies(state: dict, copy_shape: tuple[int, ...] | None = None) -> None:
+    """The optimizer state as megatron's mixed-precision optimizer (bf16/fp16 on a GPU) saves
+    it: the torch state under "optimizer", an fp32 copy of each weight per param group; with
+    `copy_shape`, the first copy of another shape."""
+    names = grouped(state["model"])
+    groups = state["optimizer"]["param_groups"]
+    copies = [[state["model"][names[i]].float().clone() for i in g["params"]] for g in groups]
+    if copy_shape is not None:
+        copies[0][0] = torch.zeros(copy_shape)
+    state["optimizer"] = {"optimizer": state["optimizer"], "fp32_from_fp16_params": copies}
+    recorded(state)
+
+
 @pytest.mark.parametrize(
     ("damage", "needle"),
     [
@@ -244,6 +284,8 @@ def merge_groups(optimizer: dict) -> None:
         ("truncated", "not a readable checkpoint (truncated or damaged"),
         ("crafted", "only a full unpickler could rebuild"),
         ("missing_rank", "rank_001.pt is missing"),
+        ("rank_file_a_dir", "rank_001.pt is a directory, not a rank's checkpoint file"),
+        ("rank_file_a_fifo", "rank_001.pt is not a regular file (a FIFO, device or socket), not"),
         ("other_schedule", "different schedule"),
         ("latest_past_the_end", "latest names step 99999999, but"),
         ("latest_arabic_digit", "holds '٣', not a step count"),
@@ -273,6 +315,31 @@ def merge_groups(optimizer: dict) -> None:
         ("moments_of_another_grouping", "holds param groups of [15] parameters, and this run"),
         ("moment_of_no_parameter", "optimizer state holds parameter 99, which none of its param"),
         ("damaged_rng", "rank_001.pt holds an RNG state that cannot be restored"),
+        (
+            "reordered_keys_and_permuted_moments",
+            "rank_001.pt: the optimizer's exp_avg of parameter 1 (0.decoder.layers.0."
+            "self_attention.linear_proj.weight) has shape [8, 16], and this run's model gives "
+            "that weight [8, 8]: torch pairs saved moments with this run's parameters by position "
+            "in the model's order",
+        ),
+        (
+            "unknown_weight",
+            "rank_001.pt: it holds the weight 0.decoder.layers.7.mlp.linear_fc2.weight, which "
+            "this run's model does not have (1 such keys)",
+        ),
+        (
+            "several_optimizers",
+            "rank_001.pt: its optimizer state is the states of 2 optimizers (megatron's chain, as "
+            "for MoE experts, which this project's model does not have), and this run's "
+            "optimizer loads a torch optimizer's state (trainer=cpu",
+        ),
+        (
+            "master_copies_on_cpu",
+            "its optimizer state is megatron's mixed-precision state with fp32 master copies "
+            "(trainer=gpu with trainer.params_dtype=bfloat16 or float16), and this run's "
+            "optimizer loads a torch optimizer's state",
+        ),
+        ("distributed_optimizer", "its optimizer state is empty (megatron's distributed"),
     ],
 )
 def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, damage, needle):
@@ -287,6 +354,12 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
         torch.save({"steps_done": 2, "schedule": "d", "model": RunsCode(), "optimizer": {}}, rank1)
     elif damage == "missing_rank":
         rank1.unlink()
+    elif damage == "rank_file_a_dir":  # was "missing: saved by fewer ranks"
+        rank1.unlink()
+        rank1.mkdir()
+    elif damage == "rank_file_a_fifo":
+        rank1.unlink()
+        os.mkfifo(rank1)
     elif damage == "latest_past_the_end":
         (tmp_path / "checkpoints/latest").write_text("99999999\n")
     elif damage == "latest_arabic_digit":
@@ -316,6 +389,18 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
         edit(rank1, lambda state: moment(state, 99, torch.zeros(3)))
     elif damage == "damaged_rng":
         edit(rank1, lambda state: state.update(python_rng=(3, (1, 2), None)))
+    elif damage == "reordered_keys_and_permuted_moments":
+        edit(rank1, lambda state: reordered(state, permute_moments=True))
+    elif damage == "unknown_weight":
+        extra = {"0.decoder.layers.7.mlp.linear_fc2.weight": torch.zeros(8, 16)}
+        edit(rank1, lambda state: state["model"].update(extra) or recorded(state))
+    elif damage == "several_optimizers":
+        chain = lambda state: state.update(optimizer=[state["optimizer"]] * 2)  # noqa: E731
+        edit(rank1, lambda state: chain(state) or recorded(state))
+    elif damage == "master_copies_on_cpu":
+        edit(rank1, with_master_copies)
+    elif damage == "distributed_optimizer":
+        edit(rank1, lambda state: state.update(optimizer={}) or recorded(state))
     layout, dims = {
         "other_layout": (ParallelLayout(tp=2), DIMS),
         "other_model": (LAYOUT, dataclasses.replace(DIMS, ffn_hidden_size=32)),
@@ -327,6 +412,63 @@ def test_a_damaged_or_crafted_checkpoint_is_refused_before_launch(tmp_path, dama
     assert needle in str(err.value)
     assert not Path("/tmp/slime_hydra_ckpt_pwned").exists()
     assert_untouched(before, tmp_path)
+
+
+def test_a_checkpoint_with_its_keys_reordered_is_accepted_and_loads_each_moment_on_its_weight(
+    tmp_path,
+):
+    """Weights load by name and moments by position in the model's order, so reordering only
+    the keys changes nothing: the check accepts it, and each weight gets its own moments."""
+    model = megatron_shaped(DIMS, LAYOUT, 0)
+    opt = adamw(model, lr=0.1)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    for rank in range(2):
+        checkpoint.save(tmp_path, 2, rank, model, opt, "d", IDENT)
+    checkpoint.mark_latest(tmp_path, 2)
+    edit(checkpoint.rank_file(tmp_path, 2, 1), lambda state: reordered(state, False))
+    assert checkpoint.verify(tmp_path, "d", LAYOUT, DIMS) == 2
+    fresh, fresh_opt = fresh_optimizer()
+    checkpoint.load(tmp_path, 1, fresh, fresh_opt, "d", IDENT)
+    saved_moments = {n: opt.state[p]["exp_avg"] for n, p in model.named_parameters()}
+    for name, p in fresh.named_parameters():
+        assert torch.equal(fresh_opt.state[p]["exp_avg"], saved_moments[name]), name
+
+
+@pytest.mark.parametrize(
+    ("copy_shape", "needle"),
+    [
+        (None, None),
+        (
+            (3,),
+            "rank_000.pt: the optimizer's fp32 master copy 0 of param group 0 "
+            "(0.embedding.word_embeddings.weight) has shape [3], and this run's model gives that "
+            "weight [128, 8]",
+        ),
+    ],
+)
+def test_megatron_master_copies_are_checked_and_a_torch_state_is_refused_for_them(
+    tmp_path, copy_shape, needle
+):
+    """A bf16/fp16 run on a GPU resumes megatron's mixed-precision state: the copies it copies
+    back into its fp32 weights have their weights' shapes, in the model's order. (Megatron
+    builds that optimizer for CUDA tensors only: the state is laid out here as it saves it.)"""
+    saved(tmp_path)
+    for rank in range(2):
+        edit(checkpoint.rank_file(tmp_path, 2, rank), lambda s: with_master_copies(s, copy_shape))
+    if needle is None:
+        assert checkpoint.verify(tmp_path, "d", LAYOUT, DIMS, master_copies=True) == 2
+        return
+    with pytest.raises(SlimeHydraError) as err:
+        checkpoint.verify(tmp_path, "d", LAYOUT, DIMS, master_copies=True)
+    assert needle in str(err.value)
+
+
+def test_a_torch_optimizer_state_is_refused_where_megatron_master_copies_are_loaded(tmp_path):
+    saved(tmp_path)
+    with pytest.raises(SlimeHydraError, match="loads megatron's mixed-precision state with fp32"):
+        checkpoint.verify(tmp_path, "d", LAYOUT, DIMS, master_copies=True)
 
 
 # -- the non-finite step policy ---------------------------------------------------------------

@@ -4,6 +4,8 @@ exception, the sweep goes on (basic and joblib launchers) and its line counts it
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +103,20 @@ def test_job_dirs_that_are_not_one_per_job_below_the_sweep_dir_are_refused(
     assert list(sweep.iterdir()) == []
 
 
+def test_job_dirs_named_from_the_jobs_config_are_checked_with_each_jobs_values(tmp_path):
+    """hydra.sweep.subdir=${seed} was resolved with the base config's seed (1234) for every
+    job, so a sound sweep was refused as two jobs in one dir."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep("seed=1,2", "hydra.sweep.subdir=${seed}", sweep)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    assert out.stdout.splitlines()[-1] == f"sweep: 2 jobs, 0 failed ({sweep})"
+    assert (sweep / "1/metrics.jsonl").is_file() and (sweep / "2/metrics.jsonl").is_file()
+    again = tmp_path / "again"
+    out = run_sweep("seed=1,1", "hydra.sweep.subdir=${seed}", again)
+    assert out.returncode == 1, (out.stdout + out.stderr)[-4000:]
+    assert f"jobs 0 and 1 of this sweep would both run in {again / '1'}: " in out.stderr
+
+
 def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     """A plan-mode sweep; a Path is the sweep dir."""
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
@@ -108,6 +124,23 @@ def run_sweep(*overrides: str | Path) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", "-m", "trainer=plan", *args]
     cmd.append("logger=jsonl")
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("subdir", ["${hydra.job.num}", "${hydra.job.num}/below"])
+def test_a_file_where_a_job_dir_goes_is_refused_before_any_job(tmp_path, subdir):
+    """Hydra's mkdir raised FileExistsError after job 0 ran: a traceback, and no sweep line."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "1").write_text("x")
+    out = run_sweep("seed=1,2", f"hydra.sweep.subdir={subdir}", sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    job, where = (
+        (sweep / "1", "that") if "below" not in subdir else (sweep / "1/below", sweep / "1")
+    )
+    assert f"job 1 of this sweep would run in {job}, but {where} is a file, not a dir" in text
+    assert "No job was run" in text
+    assert sorted(p.name for p in sweep.iterdir()) == ["1"]
 
 
 def test_a_sweep_jobs_file_that_is_a_dir_is_refused_before_any_job(tmp_path):
@@ -148,14 +181,8 @@ OPTUNA = ("hydra/sweeper=optuna_cap", "hydra.sweeper.n_trials=3")
             "job 0 of this sweep would run in {sweep}, the sweep dir itself",
             "sweep: 3 jobs, 3 failed (see {sweep})",
         ),
-        (
-            "basic",
-            "../escape",
-            "job 0 of this sweep would run in {tmp}/escape, outside hydra.sweep.dir",
-            "sweep: 3 jobs, 3 failed (see {sweep}/../escape)",
-        ),
     ],
-    ids=["shared", "shared_parallel", "the_sweep_dir", "outside"],
+    ids=["shared", "shared_parallel", "the_sweep_dir"],
 )
 def test_another_sweepers_job_dirs_are_checked_as_each_job_starts(
     tmp_path, launcher, subdir, needle, line
@@ -175,3 +202,75 @@ def test_another_sweepers_job_dirs_are_checked_as_each_job_starts(
     assert out.stdout.splitlines()[-1] == line.format(sweep=sweep)
     for where in (sweep, tmp_path / "escape"):
         assert not (where / "config.yaml").exists() and not (where / "error.txt").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (
+            (f"data.num_prompts=choice(4,{'9' * 300})",),
+            "trial 2 of this sweep (each swept key at its longest value) would run in "
+            "{sweep}/2_batching.max_tokens_per_gpu=32256,data.num_prompts=999",
+        ),
+        (
+            ("hydra.sweep.subdir=../escape",),
+            "trial 2 of this sweep (each swept key at its longest value) would run in "
+            "{tmp}/escape, outside hydra.sweep.dir",
+        ),
+    ],
+    ids=["name_too_long", "outside"],
+)
+def test_an_optuna_sweeps_trial_dirs_are_checked_before_any_trial(tmp_path, overrides, needle):
+    """A choice too long for a dir name failed in Hydra's launcher with a traceback before any
+    of our code ran; '..' ran every trial, each refused as it started."""
+    sweep = tmp_path / "sweep"
+    out = run_sweep(*OPTUNA, *overrides, sweep)
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
+    assert needle.format(sweep=sweep, tmp=tmp_path) in text, text[-4000:]
+    assert "hydra.sweep.subdir='${hydra.job.num}'" in text and "No job was run" in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep"]
+    assert list(sweep.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("launcher", "signum", "rc", "why"),
+    [
+        ("basic", signal.SIGINT, 130, "SIGINT"),
+        ("basic", signal.SIGTERM, 143, "SIGTERM"),
+        ("local_parallel", signal.SIGKILL, 1, "exit status 1, after the error above"),
+    ],
+    ids=["sigint", "sigterm", "killed_worker"],
+)
+def test_a_sweep_stopped_inside_hydras_job_setup_ends_with_its_line(
+    tmp_path, launcher, signum, rc, why
+):
+    """A signal while Hydra sets job 1 up (in the sweep's process: basic) gave a raw traceback
+    and no sweep line; a joblib worker killed there aborts the sweep in joblib (Hydra's and
+    joblib's: the error above the line is theirs), and the sweep had no line either."""
+    sweep = tmp_path / "sweep"
+    callback = "+hydra.callbacks.signal_in_setup"
+    out = run_sweep(
+        f"hydra/launcher={launcher}",
+        *(("hydra.launcher.n_jobs=2",) if launcher == "local_parallel" else ()),
+        "seed=1,2,3",
+        f"{callback}._target_=tests.faults.broken.SignalInSetup",
+        f"{callback}.num=1",
+        f"{callback}.signum={int(signum)}",
+        sweep,
+    )
+    text = out.stdout + out.stderr
+    assert out.returncode == rc, text[-4000:]
+    (job1,) = [p for p in sweep.iterdir() if p.name.startswith("1_")]
+    line = out.stdout.splitlines()[-1]
+    if signum == signal.SIGKILL:  # job 0 ran beside it, and may have ended or not
+        assert re.fullmatch(
+            rf"sweep: [12] jobs, [12] failed \(see .*{re.escape(str(job1))}.*\); "
+            rf"it stopped before its end \({why}\)",
+            line,
+        ), line
+        return
+    assert line == f"sweep: 2 jobs, 1 failed (see {job1}); it stopped before its end ({why})"
+    assert "Traceback" not in text, text[-4000:]
+    name = signal.Signals(signum).name
+    assert f"stopped by {name} outside any job (Hydra was setting one up)." in out.stderr

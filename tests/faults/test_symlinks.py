@@ -132,3 +132,35 @@ def test_a_sweep_into_a_dir_with_a_planted_link_is_refused_before_any_job(tmp_pa
     assert f"{sweep / entry} is a symlink" in text and "pass a new hydra.sweep.dir" in text
     assert snapshot(outside) == before
     assert os.listdir(sweep) == [entry]
+
+
+# Entries a run creates, planted as the other kind (a file for a dir, a dir for a file).
+OTHER_KIND = {
+    ".hydra": ("file", "/.hydra is a file where a dir is needed: move the file away"),
+    ".hydra/hydra.yaml": ("dir", "/.hydra/hydra.yaml is a directory, and the run writes its file"),
+}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("entry", sorted(OTHER_KIND))
+def test_a_plan_into_a_dir_with_an_entry_of_the_other_kind_is_one_paragraph_and_writes_nothing(
+    tmp_path, entry
+):
+    """A file at .hydra raised FileExistsError from mkdir; a dir at one of the run's files failed
+    its rename after the files before it were in place."""
+    run_dir = tmp_path / "run"
+    kind, needle = OTHER_KIND[entry]
+    if kind == "file":
+        run_dir.mkdir()
+        (run_dir / entry).write_text("the user's file\n")
+    else:
+        (run_dir / entry).mkdir(parents=True)
+    before = snapshot(run_dir)
+    out = cli("trainer=plan", "logger=jsonl", f"hydra.run.dir={run_dir}")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert f"{run_dir}{needle}" in text and "pass a new hydra.run.dir" in text
+    assert snapshot(run_dir).items() >= before.items()
+    assert set(os.listdir(run_dir)) == {entry.split("/")[0], ".lock", "slime_hydra.log"}
+    if kind == "dir":
+        assert os.listdir(run_dir / ".hydra") == ["hydra.yaml"]

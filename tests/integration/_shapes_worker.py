@@ -1,5 +1,6 @@
 """torchrun worker for test_weight_shapes.py: build model chunks of several model variants on
-one layout and save, per rank, the keys where their state_dict and train/step/shapes.py differ.
+one layout and save, per rank, the keys where their named_parameters() (keys, shapes and
+order) and train/step/shapes.py differ, and tensors of the state_dict that are not parameters.
 
 Usage: torchrun --nproc-per-node N _shapes_worker.py OUT_DIR TP PP VPP CP
 """
@@ -41,13 +42,13 @@ def main(out: Path, tp: int, pp: int, vpp: int, cp: int) -> None:
         differ = {}
         for name, dims in VARIANTS.items():
             chunks = torch.nn.ModuleList(build_model_chunks(dims, seed=1))
-            built = {
-                k: tuple(v.shape)
-                for k, v in chunks.state_dict().items()
-                if isinstance(v, torch.Tensor)
-            }
-            expected = weight_shapes(dims, layout, rank)
-            differ[name] = sorted(set(built.items()) ^ set(expected.items()))
+            built = [(k, tuple(v.shape)) for k, v in chunks.named_parameters()]
+            tensors = {k for k, v in chunks.state_dict().items() if isinstance(v, torch.Tensor)}
+            expected = list(weight_shapes(dims, layout, rank).items())
+            differ[name] = sorted(set(built) ^ set(expected)) or [
+                (i, b, e) for i, (b, e) in enumerate(zip(built, expected, strict=True)) if b != e
+            ]
+            differ[f"{name} state_dict"] = sorted(tensors ^ {k for k, _ in built})
         torch.save(differ, out / f"rank_{rank}.pt")
     finally:
         destroy_distributed()

@@ -1,6 +1,7 @@
 """train/step/shapes.py, which a resume checks checkpoints against before launch, gives every
 rank the keys and shapes of the model chunks model.py builds: tied and untied embeddings,
-LayerNorm, a plain MLP, kv_channels, on TP, PP with VPP, and DP×PP ranks."""
+LayerNorm, a plain MLP, kv_channels, on TP, PP with VPP, and DP×PP ranks, in the order of the
+model's parameters (the order torch's optimizer pairs saved moments with parameters by)."""
 
 from __future__ import annotations
 

@@ -5,8 +5,11 @@ number of steps done (NNNNNN), a digest of the schedule, the loop's counters, it
 rank, the parallel layout and the model's dims) and the shape of every tensor it holds. Before
 any worker starts, a resume refuses a file of another rank (two rank files swapped), layout or
 model, and one whose tensors differ from the shapes it recorded (edited after saving) or from
-the shapes this run's model gives that rank (train/step/shapes.py), optimizer moments of
-another shape than their weight, and RNG states that do not restore. `latest` names
+the shapes this run's model gives that rank (train/step/shapes.py), weights this model does
+not have, an optimizer state of another kind than this run's optimizer loads (torch's, or
+megatron's with fp32 master copies for bf16/fp16), optimizer moments or master copies of
+another shape than the weight torch pairs them with (by position in the model's parameter
+order, whatever the order of the file's keys), and RNG states that do not restore. `latest` names
 the last step all ranks finished saving, so a worker killed mid-save leaves the previous
 checkpoint in force.
 
@@ -221,6 +224,12 @@ def read(path: Path, mmap: bool = False) -> dict[str, Any]:
             f"{path.parents[1] / 'latest'} names step {path.parent.name[5:].lstrip('0')}, but "
             f"{path.parent} does not exist: latest points at no saved checkpoint. " + fix
         )
+    if os.path.lexists(path) and not path.is_file():
+        what = "a directory" if path.is_dir() else "not a regular file (a FIFO, device or socket)"
+        raise SlimeHydraError(
+            f"{path} is {what}, not a rank's checkpoint file: the file was replaced after it was "
+            "saved. " + fix
+        )
     if not path.is_file():
         raise SlimeHydraError(
             f"{path} is missing: the checkpoint was saved by fewer ranks; resume with the same "
@@ -289,10 +298,11 @@ def _check_shapes(
     layout: ParallelLayout,
     dims: ModelDims,
     fused_norms: bool,
+    master_copies: bool,
 ) -> None:
     """Every tensor of the rank file at `path` has the shape it was saved with, every weight the
-    shape this run's model gives `rank` (train/step/shapes.py), and every optimizer moment its
-    weight's shape."""
+    shape this run's model gives `rank` (train/step/shapes.py) and no other weight, and the
+    optimizer state fits this run's optimizer (`_check_moments`)."""
     fix = "Point latest at an earlier complete step, or start a new run dir."
     recorded = state.get("shapes")
     recorded = recorded if isinstance(recorded, Mapping) else {}
@@ -320,7 +330,21 @@ def _check_shapes(
             "Resume with the model.* and parallel.* config that saved it (the run dir's "
             "config.yaml), or start a new run dir."
         )
-    _check_moments(path, state, want_shapes)
+    unknown = [
+        key
+        for key in state["model"]
+        if key not in want_shapes
+        and not key.endswith("._extra_state")
+        and not (fused_norms and ".layer_norm_" in key)
+    ]
+    if unknown:
+        raise SlimeHydraError(
+            f"{path}: it holds the weight {unknown[0]}, which this run's model does not have "
+            f"({len(unknown)} such keys): it holds another model's weights, or the file was "
+            "edited. Resume with the model.* and parallel.* config that saved it (the run dir's "
+            "config.yaml), or start a new run dir."
+        )
+    _check_moments(path, state, want_shapes, master_copies, fused_norms)
 
 
 def _optimizer_states(obj: Any) -> list[Mapping[str, Any]]:
@@ -335,22 +359,63 @@ def _optimizer_states(obj: Any) -> list[Mapping[str, Any]]:
     return []
 
 
+TORCH_STATE = "a torch optimizer's state (trainer=cpu, or trainer=gpu with params_dtype=float32)"
+MASTER_STATE = (
+    "megatron's mixed-precision state with fp32 master copies (trainer=gpu with "
+    "trainer.params_dtype=bfloat16 or float16)"
+)
+
+
+def _torch_state(path: Path, saved: Any, master_copies: bool) -> Mapping[str, Any]:
+    """The torch optimizer state inside the optimizer state `saved`, which must be the kind this
+    run's optimizer loads: with `master_copies` (megatron's for bf16/fp16) `{"optimizer": torch
+    state, "fp32_from_fp16_params": [...]}`, else a torch state itself."""
+    inner = _optimizer_states(saved)
+    if master_copies:
+        ok = isinstance(saved, Mapping) and "fp32_from_fp16_params" in saved
+        ok = ok and len(inner) == 1 and inner[0] is saved.get("optimizer")
+    else:
+        ok = len(inner) == 1 and inner[0] is saved
+    if ok:
+        return inner[0]
+    if not inner:
+        found = "empty (megatron's distributed optimizer saves none)"
+    elif len(inner) > 1:
+        found = (
+            f"the states of {len(inner)} optimizers (megatron's chain, as for MoE experts, which "
+            "this project's model does not have)"
+        )
+    else:
+        found = TORCH_STATE if inner[0] is saved else MASTER_STATE
+    raise SlimeHydraError(
+        f"{path}: its optimizer state is {found}, and this run's optimizer loads "
+        f"{MASTER_STATE if master_copies else TORCH_STATE}: the file was saved by a run with "
+        "another trainer config, or edited. Resume with the trainer.* config that saved it (the "
+        "run dir's config.yaml), or start a new run dir."
+    )
+
+
 def _check_moments(
-    path: Path, state: Mapping[str, Any], want: Mapping[str, tuple[int, ...]]
+    path: Path,
+    state: Mapping[str, Any],
+    want: Mapping[str, tuple[int, ...]],
+    master_copies: bool,
+    fused_norms: bool,
 ) -> None:
     """The optimizer state of the rank file at `path` fits this run's parameters (`want`, their
-    shapes) as torch's `load_state_dict` maps it: param groups by position (megatron's and ours:
-    decayed weights, then biases and 1-D params), ids by position in each group, the params in
-    the model's order (the file's state_dict order); every moment (Adam's exp_avg, exp_avg_sq)
-    has its parameter's shape."""
+    shapes in the model's order) as the worker's optimizer loads it: torch's `load_state_dict`
+    pairs param groups by position (megatron's and ours: decayed weights, then biases and 1-D
+    params) and each group's saved ids with the group's parameters in the model's order, not the
+    file's key order; every moment (Adam's exp_avg, exp_avg_sq) and, with `master_copies`, every
+    fp32 master copy megatron copies back (`fp32_from_fp16_params`) has its parameter's shape.
+    With `fused_norms` (Transformer Engine's layers, GPU only) the pairing is not checked:
+    shapes.py does not name the norms fused into the linear layers, so their place is unknown."""
     fix = "Point latest at an earlier complete step, or start a new run dir."
-    optimizers = _optimizer_states(state["optimizer"])
-    if len(optimizers) != 1:  # the distributed optimizer's {} or a chain of several
+    saved = _torch_state(path, state["optimizer"], master_copies)
+    if fused_norms:
         return
-    saved = optimizers[0]
-    params = [k for k in state["model"] if k in want]
     groups = [
-        [k for k in params if (k.endswith(".bias") or len(want[k]) == 1) == no_decay]
+        [k for k in want if (k.endswith(".bias") or len(want[k]) == 1) == no_decay]
         for no_decay in (False, True)
     ]
     groups = [g for g in groups if g]
@@ -372,25 +437,43 @@ def _check_moments(
             strict=True,
         )
     )
-    for i, moments in saved["state"].items():
-        if not isinstance(i, int):  # megatron's "common_step"
-            continue
-        if i not in names:
+    for i in saved["state"]:
+        if isinstance(i, int) and i not in names:
             raise SlimeHydraError(
                 f"{path}: its optimizer state holds parameter {i}, which none of its param "
                 "groups lists: the file was damaged or edited. " + fix
             )
-        moments = moments if isinstance(moments, Mapping) else {}
-        for name, value in moments.items():
-            if not isinstance(value, torch.Tensor) or not value.dim():
-                continue  # Adam's step count
-            if tuple(value.shape) != tuple(want[names[i]]):
-                raise SlimeHydraError(
-                    f"{path}: the optimizer's {name} of parameter {i} ({names[i]}) has shape "
-                    f"{list(value.shape)}, and this run's model gives that weight "
-                    f"{list(want[names[i]])}: training would fail in the workers or update "
-                    "the weight with another's moments. " + fix
-                )
+    tensors = [
+        (f"{name} of parameter {i}", value, names.get(i))
+        for i, moments in saved["state"].items()
+        if isinstance(i, int)  # not megatron's "common_step"
+        for name, value in (moments if isinstance(moments, Mapping) else {}).items()
+        if isinstance(value, torch.Tensor) and value.dim()  # not Adam's step count
+    ]
+    if master_copies:
+        copies = state["optimizer"]["fp32_from_fp16_params"]
+        counts = [len(g) if isinstance(g, list | tuple) else None for g in copies]
+        if not isinstance(copies, list | tuple) or counts != [len(g) for g in groups]:
+            raise SlimeHydraError(
+                f"{path}: its fp32 master copies (fp32_from_fp16_params) come in groups of "
+                f"{counts if isinstance(copies, list | tuple) else type(copies).__name__} "
+                f"parameters, and its param groups hold {[len(g) for g in groups]}: the file "
+                "was damaged or edited. " + fix
+            )
+        tensors += [
+            (f"fp32 master copy {j} of param group {g}", value, name)
+            for g, (group, group_names) in enumerate(zip(copies, groups, strict=True))
+            for j, (value, name) in enumerate(zip(group, group_names, strict=True))
+        ]
+    for what, value, key in tensors:
+        shape = list(value.shape) if isinstance(value, torch.Tensor) else None
+        if shape != list(want[key]):
+            raise SlimeHydraError(
+                f"{path}: the optimizer's {what} ({key}) has shape {shape}, and this run's model "
+                f"gives that weight {list(want[key])}: torch pairs saved moments with this run's "
+                "parameters by position in the model's order, so training would fail in the "
+                "workers or update the weight with another's state. " + fix
+            )
 
 
 def _check_rng(path: Path, state: Mapping[str, Any]) -> None:
@@ -417,12 +500,14 @@ def verify(
     layout: ParallelLayout,
     dims: ModelDims,
     fused_norms: bool = False,
+    master_copies: bool = False,
 ) -> int | None:
     """Check, before any worker starts, that the latest checkpoint is whole and matches: `latest`
     is a step count, every rank's file loads (weights only, memory-mapped), was saved by that
     rank of this layout and model after that many steps of this schedule, and holds the tensor
     shapes it recorded and this run's model gives the rank (`fused_norms`: Transformer Engine's
-    layers). Returns the steps done (None: no checkpoint)."""
+    layers), and an optimizer state this run's optimizer loads (`master_copies`: megatron's for
+    bf16/fp16, with fp32 master copies). Returns the steps done (None: no checkpoint)."""
     steps_done = latest_step(run_dir)
     if steps_done is None:
         return None
@@ -442,7 +527,7 @@ def verify(
                 "with the same data, batching and parallel config (the run dir's config.yaml)."
             )
         _check_identity(path, state, rank, ident)
-        _check_shapes(path, state, rank, layout, dims, fused_norms)
+        _check_shapes(path, state, rank, layout, dims, fused_norms, master_copies)
         _check_rng(path, state)
         del state
     return steps_done

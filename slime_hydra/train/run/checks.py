@@ -70,7 +70,8 @@ def check_resume(trainer: CpuTrainer, job: Job) -> None:
         fused_norms = uses_transformer_engine("cuda")
     run_dir = job.run.run_dir
     digest = schedule_digest(job.schedule)
-    steps_done = verify(run_dir, digest, job.layout, job.dims, fused_norms)
+    master_copies = trainer.device == "cuda" and trainer.params_dtype != "float32"
+    steps_done = verify(run_dir, digest, job.layout, job.dims, fused_norms, master_copies)
     if steps_done is None and trainer.resume:
         raise SlimeHydraError(
             f"trainer.resume=true but {checkpoint_root(run_dir)} holds no checkpoint: pass "

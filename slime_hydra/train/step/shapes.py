@@ -45,7 +45,8 @@ def fixed_by(key: str) -> tuple[str, ...]:
 def weight_shapes(
     dims: ModelDims, layout: ParallelLayout, rank: int, fused_norms: bool = False
 ) -> dict[str, Shape]:
-    """{state_dict key: shape} of every weight rank `rank` holds (no `_extra_state` entries)."""
+    """{state_dict key: shape} of every weight rank `rank` holds (no `_extra_state` entries), in
+    the order of the chunks' `named_parameters()`, which torch's optimizer pairs moments by."""
     tp, pp, vpp = layout.tp, layout.pp, layout.vpp
     tp_dp_cp = layout.tp * layout.dp * layout.cp
     pp_rank = rank // tp_dp_cp
@@ -65,14 +66,14 @@ def weight_shapes(
             shapes[at + "embedding.word_embeddings.weight"] = (vocab, h)
         for layer in range(layers):
             p = f"{at}decoder.layers.{layer}."
-            if not fused_norms:
-                for part in norm:
-                    shapes[f"{p}input_layernorm.{part}"] = (h,)
-                    shapes[f"{p}pre_mlp_layernorm.{part}"] = (h,)
+            for part in () if fused_norms else norm:
+                shapes[f"{p}input_layernorm.{part}"] = (h,)
+            shapes[p + "self_attention.linear_proj.weight"] = (h, q // tp)
             shapes[p + "self_attention.linear_qkv.weight"] = (qkv // tp, h)
             if dims.add_qkv_bias:
                 shapes[p + "self_attention.linear_qkv.bias"] = (qkv // tp,)
-            shapes[p + "self_attention.linear_proj.weight"] = (h, q // tp)
+            for part in () if fused_norms else norm:
+                shapes[f"{p}pre_mlp_layernorm.{part}"] = (h,)
             shapes[p + "mlp.linear_fc1.weight"] = ((2 if dims.swiglu else 1) * ffn // tp, h)
             shapes[p + "mlp.linear_fc2.weight"] = (h, ffn // tp)
         if last:
