@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -129,84 +130,86 @@ def test_a_crafted_checkpoint_is_refused_and_runs_nothing(run_dir):
     assert_untouched(before, run_dir)
 
 
-def test_a_checkpoint_with_edited_tensors_is_refused_before_launch(run_dir):
-    path = run_dir / "checkpoints/step_000002/rank_000.pt"
+def refused_before_launch(
+    run_dir: Path, rank_file: str, edit: Callable[[dict], None], needle: str
+) -> None:
+    """Edit a rank's checkpoint of the trained run with `edit` and resume: refused with `needle`
+    before any worker started, and the dir left as it was."""
+    path = run_dir / "checkpoints/step_000002" / rank_file
     state = torch.load(path, weights_only=True)
-    state["model"] = {
-        k: v[..., :1].clone() if isinstance(v, torch.Tensor) and v.dim() else v
-        for k, v in state["model"].items()
-    }
+    edit(state)
     torch.save(state, path)
     before = snapshot(run_dir)
     out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(
-        out,
+    assert "Launching" not in refused(out, needle)
+    assert_untouched(before, run_dir)
+
+
+def test_a_checkpoint_with_edited_tensors_is_refused_before_launch(run_dir):
+    def edit(state: dict) -> None:
+        state["model"] = {
+            k: v[..., :1].clone() if isinstance(v, torch.Tensor) and v.dim() else v
+            for k, v in state["model"].items()
+        }
+
+    refused_before_launch(
+        run_dir,
+        "rank_000.pt",
+        edit,
         "rank_000.pt: model/0.decoder.final_layernorm.weight has shape [1], but it was "
         "saved with shape [128]: the file was edited after it was saved",
     )
-    assert "Launching" not in text  # refused before any worker started
-    assert_untouched(before, run_dir)
 
 
 def test_a_checkpoint_of_another_model_shape_is_refused_before_launch(run_dir):
     """Its tensors and their shape record edited alike: this run's model shapes refuse it."""
-    path = run_dir / "checkpoints/step_000002/rank_001.pt"
-    state = torch.load(path, weights_only=True)
     key = "0.decoder.layers.1.mlp.linear_fc2.weight"
-    state["model"][key] = state["model"][key][:, :256].clone()
-    state["shapes"][f"model/{key}"] = [128, 256]
-    torch.save(state, path)
-    before = snapshot(run_dir)
-    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(
-        out,
+
+    def edit(state: dict) -> None:
+        state["model"][key] = state["model"][key][:, :256].clone()
+        state["shapes"][f"model/{key}"] = [128, 256]
+
+    refused_before_launch(
+        run_dir,
+        "rank_001.pt",
+        edit,
         f"rank_001.pt: this run's model gives rank 1 the weight {key} with shape [128, 512] "
         "(model.hidden_size=128, model.ffn_hidden_size=512, parallel.tp=1), and the file holds "
         "shape [128, 256]",
     )
-    assert "Launching" not in text
-    assert_untouched(before, run_dir)
 
 
 def test_adam_moments_of_another_shape_are_refused_before_launch(run_dir):
     """Moments edited with their shape record, so only the parameters they belong to tell: the
     resume is refused before any worker starts, and the dir is left as it was."""
-    path = run_dir / "checkpoints/step_000002/rank_000.pt"
-    state = torch.load(path, weights_only=True)
-    state["optimizer"]["state"][4]["exp_avg_sq"] = torch.zeros(3)
-    state["shapes"]["optimizer/state/4/exp_avg_sq"] = [3]
-    torch.save(state, path)
-    before = snapshot(run_dir)
-    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(
-        out,
+
+    def edit(state: dict) -> None:
+        state["optimizer"]["state"][4]["exp_avg_sq"] = torch.zeros(3)
+        state["shapes"]["optimizer/state/4/exp_avg_sq"] = [3]
+
+    refused_before_launch(
+        run_dir,
+        "rank_000.pt",
+        edit,
         "rank_000.pt: the optimizer's exp_avg_sq of parameter 4 "
         "(0.decoder.layers.0.mlp.linear_fc2.weight) has shape [3], and this run's model gives "
         "that weight [128, 512]",
     )
-    assert "Launching" not in text
-    assert_untouched(before, run_dir)
 
 
 def test_reordered_keys_with_moments_permuted_to_match_are_refused_before_launch(run_dir):
     """The file's keys reversed and its moments permuted so that, paired in the file's order,
     each has its weight's shape: the workers pair them in the model's order, so it failed there.
     Refused before launch; the dir is left as it was."""
-    path = run_dir / "checkpoints/step_000002/rank_000.pt"
-    state = torch.load(path, weights_only=True)
-    reordered(state, permute_moments=True)
-    torch.save(state, path)
-    before = snapshot(run_dir)
-    out = cli(f"hydra.run.dir={run_dir}", *SMALL, "trainer.resume=true")
-    text = refused(
-        out,
+    refused_before_launch(
+        run_dir,
+        "rank_000.pt",
+        lambda state: reordered(state, permute_moments=True),
         "rank_000.pt: the optimizer's exp_avg of parameter 1 "
         "(0.decoder.layers.0.self_attention.linear_proj.weight) has shape [128, 512], and this "
         "run's model gives that weight [128, 128]: torch pairs saved moments with this run's "
         "parameters by position in the model's order",
     )
-    assert "Launching" not in text
-    assert_untouched(before, run_dir)
 
 
 def test_resume_after_a_torn_line_applies_a_changed_lr_and_logs_each_step_once(run_dir):
