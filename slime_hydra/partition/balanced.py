@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slime_hydra.partition.base import PASS_OVERHEAD, Work
+from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.deal import descending
 from slime_hydra.partition.exchange import (
@@ -337,8 +337,9 @@ def _passes(
         light = pool[(np.arange(m * tries) + rotation) % pool.size]
         heavy = np.tile(heavy, tries)
         if not repair:  # balancing: only the pairs the budget pays for, first partners first
-            cost = visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n)
-            paid = int(np.searchsorted(cost, work.budget - work.spent - PASS_OVERHEAD, "right"))
+            paid = work.paid(
+                visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n)
+            )
             if paid == 0:
                 return False
             heavy, light = heavy[:paid], light[:paid]
@@ -420,8 +421,9 @@ def even_groups(
         h_bins, l_bins, gap = h_bins[open_], l_bins[open_], gap[open_]
         # Only the bin pairs the budget pays for (bulk moves, then exchanges), heaviest first.
         held = np.cumsum(state.counts[h_bins])
-        cost = bulk_visits(held, n) + visits(held, np.cumsum(state.counts[l_bins]), n)
-        paid = int(np.searchsorted(cost, work.budget - work.spent - 2 * PASS_OVERHEAD, "right"))
+        paid = work.paid(
+            bulk_visits(held, n) + visits(held, np.cumsum(state.counts[l_bins]), n), passes=2
+        )
         if paid == 0:
             return
         h_bins, l_bins, gap = h_bins[:paid], l_bins[:paid], gap[:paid]
@@ -465,6 +467,11 @@ def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k
     return Exchanges(ex.heavy[first], ex.light[first], ex.give[first], ex.take[first], ex.visited)
 
 
+def _within_cap(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int) -> bool:
+    """Whether every one of the `bins` bins holds at most `cap` in sizes."""
+    return int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap
+
+
 @dataclass(frozen=True)
 class BalancedPacker:
     """The default packer of dynamic batching (config: batching.partitioner): items into the
@@ -499,7 +506,7 @@ class BalancedPacker:
         again."""
         if not counts or len(sizes) < counts[0]:
             return None
-        bin_of = self._balanced(weights, counts[0], sizes, cap)
+        bin_of = self._balanced(sizes, weights, counts[0], cap)
         if bin_of is None:
             bin_of = self._fit_repaired(sizes, weights, counts[0], cap, 0)
         at = 0
@@ -509,7 +516,7 @@ class BalancedPacker:
             lo, hi = 0, fits
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = self._balanced(weights, counts[mid], sizes, cap) if mid else None
+                got = self._balanced(sizes, weights, counts[mid], cap) if mid else None
                 if got is None:
                     got = self._fit_repaired(sizes, weights, counts[mid], cap, self.budget)
                 if got is None:
@@ -523,7 +530,7 @@ class BalancedPacker:
                 if at == len(counts) or len(sizes) < counts[at]:
                     return None
                 if at:  # FFD's own count: the constructions as they are, else FFD's packing
-                    bin_of = self._balanced(weights, counts[at], sizes, cap)
+                    bin_of = self._balanced(sizes, weights, counts[at], cap)
                     if bin_of is None:
                         bin_of = self._fit_repaired(sizes, weights, counts[at], cap, 0)
                 if bin_of is None:
@@ -544,13 +551,11 @@ class BalancedPacker:
         return bins, bin_of
 
     def _balanced(
-        self, weights: np.ndarray, bins: int, sizes: np.ndarray, cap: int
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
     ) -> np.ndarray | None:
         """The balanced construction into `bins`; None where it breaks the cap."""
         bin_of = construct(weights, bins, self.tolerance)
-        if int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap:
-            return bin_of
-        return None
+        return bin_of if _within_cap(bin_of, sizes, bins, cap) else None
 
     def _fit_repaired(
         self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, budget: int
@@ -558,7 +563,7 @@ class BalancedPacker:
         """Largest fit in rounds into `bins`, where it breaks the cap repaired by exchanges
         within `budget` item visits of its own (0: as it is); None where that falls short."""
         fit = fit_rounds(sizes, bins, cap)
-        if int(np.bincount(fit, weights=sizes, minlength=bins).max()) <= cap:
+        if _within_cap(fit, sizes, bins, cap):
             return fit
         return fit if improve(fit, sizes, weights, bins, cap, cap, Work(budget)) else None
 

@@ -40,6 +40,13 @@ class Work:
         """Whether a pass of `visits` item visits fits in what is left."""
         return self.spent + visits + PASS_OVERHEAD <= self.budget
 
+    def paid(self, running: np.ndarray, passes: int = 1) -> int:
+        """How many of a pass's pairs, in order, what is left pays for: `running` is the
+        visits of its first 1, 2, ... pairs (ascending), `passes` the searches it charges."""
+        return int(
+            np.searchsorted(running, self.budget - self.spent - passes * PASS_OVERHEAD, "right")
+        )
+
 
 class Partitioner(Protocol):
     """Packs items into the first bin count of `counts` (ascending) it can: non-empty bins,
