@@ -68,6 +68,13 @@ def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
                 check_inside(Path(where) / name, Path(root), key)
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """What `mkdir -p path` would fail on: the deepest entry that exists on `path` (itself or
+    a parent) where it is not a dir; None where there is none."""
+    here = next((at for at in (Path(path), *Path(path).parents) if os.path.lexists(at)), None)
+    return here if here is not None and not here.is_dir() else None
+
+
 def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     """mkdir -p `path` below `root`, refusing a symlink on the way (`key`: the setting that
     names the dir, for the message)."""
@@ -75,9 +82,9 @@ def make_dirs(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
     try:
         Path(path).mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        at = Path(path)
-        while at.is_dir() or not os.path.lexists(at):
-            at = at.parent
+        at = file_in_the_way(path)
+        if at is None:  # gone again: a race, not ours to explain
+            raise
         where = "" if at == Path(path) else f" ({path})"
         raise SlimeHydraError(
             f"{at} is a file where a dir is needed{where}: move the file away, or pass a new {key}."

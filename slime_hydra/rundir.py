@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import (
     check_logs,
+    file_in_the_way,
     make_dirs,
     open_append,
     read_text,
@@ -326,10 +327,8 @@ def check_job_dirs(config: DictConfig) -> None:
                 f"{name} would run in {where}, outside hydra.sweep.dir="
                 f"{sweep_dir}: hydra.sweep.subdir={raw} must name a dir below it. {fix}."
             )
-        blocked = next(
-            (at for at in (Path(where), *Path(where).parents) if os.path.lexists(at)), None
-        )
-        if blocked is not None and not blocked.is_dir():
+        blocked = file_in_the_way(Path(where))
+        if blocked is not None:
             raise SlimeHydraError(
                 f"{name} would run in {where}, but "
                 f"{'that' if blocked == Path(where) else blocked} is a file, not a dir, so Hydra "
