@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping
@@ -112,11 +113,29 @@ def is_disk_full(exc: BaseException) -> bool:
     return "No space left on device" in str(exc)
 
 
-def _temp_for(path: Path) -> tuple[Path, int]:
-    """A new temporary file beside `path`, created exclusively (never an existing name or link)."""
+_STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
+@contextlib.contextmanager
+def _stops_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for the block: a stop raised by their handler lands after it, never
+    between creating a temporary file and recording it for removal."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
+def _temp_for(path: Path, staged: list[tuple[Path, Path]]) -> int:
+    """A new temporary file beside `path`, created exclusively (never an existing name or link)
+    and recorded in `staged` with no stop in between; returns its descriptor."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    return tmp, os.open(tmp, flags, 0o644)
+    with _stops_held():
+        fd = os.open(tmp, flags, 0o644)
+        staged.append((tmp, path))
+    return fd
 
 
 def _write_one(fd: int, content: Content) -> int:
@@ -145,8 +164,7 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
     try:
         for path, content in files.items():
             check_inside(Path(path).parent, root)
-            tmp, fd = _temp_for(Path(path))
-            staged.append((tmp, Path(path)))
+            fd = _temp_for(Path(path), staged)
             try:
                 _write_one(fd, content)
             except BaseException as exc:
@@ -161,9 +179,10 @@ def write_files(files: Mapping[Path, Content], root: Path) -> None:
             raise disk_full(staged[-1][1] if staged else Path(root), None) from None
         raise
     finally:
-        for tmp, _ in staged:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+        with _stops_held():
+            for tmp, _ in staged:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
 
 
 def write_file(path: Path, content: Content, root: Path) -> None:
@@ -180,8 +199,11 @@ def write_dir(path: Path, fill: Callable[[Path], None], root: Path) -> None:
     check_inside(path, root)
     stage = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     old = stage.with_suffix(".old")
-    stage.mkdir(mode=0o700)
+    made = False
     try:
+        with _stops_held():
+            stage.mkdir(mode=0o700)
+            made = True
         fill(stage)
         for file in stage.rglob("*"):
             if file.is_file() and not file.is_symlink():
@@ -201,9 +223,10 @@ def write_dir(path: Path, fill: Callable[[Path], None], root: Path) -> None:
             raise disk_full(path, None) from None
         raise
     finally:
-        for leftover in (stage, old):
-            if os.path.lexists(leftover):
-                shutil.rmtree(leftover)
+        with _stops_held():
+            for leftover in (stage, old) if made else ():
+                if os.path.lexists(leftover):
+                    shutil.rmtree(leftover)
 
 
 def _fsync(path: Path) -> None:
