@@ -18,7 +18,8 @@ One algorithm for every step, its work bounded:
 3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
    their micro-batches (partition.balanced.even_groups). Balancing the micro-batches may spend
-   MICROBATCH_SHARE of the work budget, evening the ranks the rest.
+   MICROBATCH_SHARE of the step's work budget and `budget_per_sample` for each sample, evening
+   the ranks the rest of the step's budget.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
 every plan the budget can stop at satisfies the invariants; the budget counts item visits, so
 every rank computes the same plan.
@@ -76,10 +77,11 @@ pipeline bubble shrinks and rises once their fixed cost dominates)."""
 
 
 MICROBATCH_SHARE = 3 / 4
-"""Of the step's work budget, what balancing the micro-batches may spend; evening the ranks
-gets the rest. On bench_planner's families (4 fresh seeds, 192 cases, default budget) 3/4
-against 1/2 left 23 steps more than 1% over the bound instead of 30, at 0-10% more plan time,
-and the same rank imbalance (median 1.0003-1.0006, 90th percentile 1.0025-1.0048)."""
+"""Of the step's work budget, what balancing the micro-batches may spend (with the
+partitioner's `budget_per_sample` for each sample besides); evening the ranks gets the rest.
+On bench_planner's families (4 fresh seeds, 192 cases, default budget) 3/4 against 1/2 left 23
+steps more than 1% over the bound instead of 30, at 0-10% more plan time, and the same rank
+imbalance (median 1.0003-1.0006, 90th percentile 1.0025-1.0048)."""
 
 
 class DynamicBatching(BatchingStrategy):
@@ -125,11 +127,13 @@ class DynamicBatching(BatchingStrategy):
                 f"batching.partitioner.tolerance={self.partitioner.tolerance} must lie in "
                 "(0, 1); the default is 0.01."
             )
-        if self.partitioner.budget < 0:
-            raise SlimeHydraError(
-                f"batching.partitioner.budget={self.partitioner.budget} must be >= 0 item "
-                "visits (0: no balancing beyond the construction)."
-            )
+        for key in ("budget", "budget_per_sample"):
+            if getattr(self.partitioner, key) < 0:
+                raise SlimeHydraError(
+                    f"batching.partitioner.{key}={getattr(self.partitioner, key)} must be >= 0 "
+                    "item visits (budget=0 budget_per_sample=0: no balancing beyond the "
+                    "construction)."
+                )
 
     def weights(self, sizes: np.ndarray) -> np.ndarray:
         """What balancing flattens: tokens, or a·L + b·L² FLOPs scaled so that the costliest
@@ -165,8 +169,7 @@ class DynamicBatching(BatchingStrategy):
         weights = self.weights(sizes)
         dp, g = self.layout.dp, self.layout.microbatch_alignment
         k_lb = microbatch_lower_bound(sizes, cap, dp, g)
-        budget = self.partitioner.budget
-        found = self._pack(sizes, weights, k_lb, False, budget)
+        found = self._pack(sizes, weights, k_lb, False, self._budget)
         if found is None:
             raise self._too_few(len(samples), k_lb, step)
         k, bin_of = found
@@ -174,20 +177,31 @@ class DynamicBatching(BatchingStrategy):
             k, bin_of = self._fastest(sizes, weights, k, bin_of)
         return _nested(bin_of, np.asarray(samples, dtype=np.int64), dp, k)
 
+    @property
+    def _budget(self) -> tuple[int, int]:
+        """The partitioner's balancing work: per step, and per sample besides."""
+        return self.partitioner.budget, self.partitioner.budget_per_sample
+
     def _pack(
-        self, sizes: np.ndarray, weights: np.ndarray, k: int, exact: bool, budget: int
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        k: int,
+        exact: bool,
+        budget: tuple[int, int],
     ) -> tuple[int, np.ndarray] | None:
         """The micro-batch (rank r's m-th: r·K + m) of each sample at the first count from `k`
         up in steps of the VPP alignment that the partitioner packs (at `k` alone if `exact`),
-        with `budget` for balancing; None if none."""
+        with `budget` (per step, per sample) for balancing; None if none."""
         cap = self.cap
         assert cap is not None
         dp, g = self.layout.dp, self.layout.microbatch_alignment
         over = sizes > cap
         normal = np.flatnonzero(~over)
         alone = np.flatnonzero(over)
-        share = int(budget * MICROBATCH_SHARE)
-        work = Work(share)  # the ranks get the rest
+        step_budget, per_sample = budget
+        share = int(step_budget * MICROBATCH_SHARE)
+        work = Work(share + per_sample * normal.size)  # the ranks get the rest of step_budget
         # Bins for the samples within the cap: dp·K less the over-cap ones, K = k, k + g, ...
         start = dp * k - alone.size
         counts = range(start, start + 1) if exact else range(start, normal.size + 1, dp * g)
@@ -211,7 +225,7 @@ class DynamicBatching(BatchingStrategy):
         place = np.empty(dp * k, dtype=np.int64)
         place[deal] = np.arange(dp)[None, :] * k + np.arange(k)[:, None]
         bin_of = place[bin_of]
-        ranks = Work(budget - min(work.spent, share))
+        ranks = Work(step_budget - min(work.spent, share))
         even_groups(bin_of, sizes, weights, dp, cap, self.partitioner.tolerance / 4, ranks, over)
         return k, bin_of
 
@@ -225,9 +239,10 @@ class DynamicBatching(BatchingStrategy):
         ordered, so `fastest` never simulates slower than `min`."""
         assert self.step_cost is not None
         g = self.layout.microbatch_alignment
-        best_s, best_k, slower = self._seconds(sizes, self._pack(sizes, weights, k, True, 0)), k, 0
+        alone = self._pack(sizes, weights, k, True, (0, 0))  # the construction, no balancing
+        best_s, best_k, slower = self._seconds(sizes, alone), k, 0
         for cand in range(k + g, k + g * CANDIDATES, g):
-            found = self._pack(sizes, weights, cand, True, 0)
+            found = self._pack(sizes, weights, cand, True, (0, 0))
             if found is None:
                 break
             seconds = self._seconds(sizes, found)
@@ -239,7 +254,7 @@ class DynamicBatching(BatchingStrategy):
                     break
         bin_of = self._ordered(sizes, k, bin_of)
         if best_k != k:
-            found = self._pack(sizes, weights, best_k, True, self.partitioner.budget)
+            found = self._pack(sizes, weights, best_k, True, self._budget)
             assert found is not None  # packed above with less work
             faster = self._ordered(sizes, *found)
             if self._seconds(sizes, (best_k, faster)) < self._seconds(sizes, (k, bin_of)):

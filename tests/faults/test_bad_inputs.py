@@ -217,6 +217,11 @@ def test_an_added_key_nothing_reads_is_an_error(compose_cfg, override, needle):
         (["model.norm_epsilon=-1"], "model.norm_epsilon=-1 is not a finite number above 0"),
         (["parallel.tp=3"], "model.num_attention_heads=4 does not split over parallel.tp=3"),
         (["data.n_samples_per_prompt=0"], "data.n_samples_per_prompt=0 must be a positive"),
+        (["batching.partitioner.budget=-1"], r"batching.partitioner.budget=-1 must be >= 0"),
+        (
+            ["batching.partitioner.budget_per_sample=-5"],
+            r"batching.partitioner.budget_per_sample=-5 must be >= 0 item visits",
+        ),
     ],
 )
 def test_what_the_workers_would_reject_is_refused_before_launch(compose_cfg, overrides, needle):
