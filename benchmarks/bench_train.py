@@ -20,7 +20,7 @@ what the model does not explain. The prediction is the analytic model (uncalibra
 
 Two rollouts: the default synthetic lengths (median ~2k tokens) and short answers with a
 truncated tail (median ~110 tokens, a few near 4k), where the safe fixed size needs 14x more
-micro-batches than dynamic. Three layouts of the 2 ranks:
+micro-batches than dynamic. Four layouts of the 2 ranks:
 - tp=2: every micro-batch pays per-layer tensor-parallel all-reduces, a fixed cost per
   micro-batch as on GPUs (there: also kernel launches and pipeline bubbles). Fewer, fuller
   micro-batches win here: dynamic is ahead (docs/training.md: the throughput tables).
@@ -29,6 +29,8 @@ micro-batches than dynamic. Three layouts of the 2 ranks:
   few percent faster; dynamic still keeps every micro-batch under the cap with the fewest.
 - pp=2 vpp=2: megatron's interleaved 1F1B over gloo; every micro-batch crosses the stage
   boundary 2 × vpp times each way (shape exchange, then activations or gradients).
+- cp=2: each sequence split in 2 × cp chunks over the two ranks (the cap is
+  max_tokens_per_gpu × cp per micro-batch); attention exchanges keys and values every layer.
 
 """
 
@@ -49,6 +51,7 @@ LAYOUTS = {
     "tp=2": {"dp": 1, "tp": 2},
     "dp=2": {"dp": 2, "tp": 1},
     "pp=2 vpp=2": {"dp": 1, "pp": 2, "vpp": 2, "microbatch_group_size_per_vp_stage": 2},
+    "cp=2": {"dp": 1, "cp": 2},
 }
 MODEL = ["model.num_layers=4"]
 """Four layers, so that pp=2 × vpp=2 has one per model chunk; the same model on every layout."""

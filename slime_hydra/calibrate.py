@@ -1,4 +1,5 @@
-"""`python -m slime_hydra.calibrate [--out FILE] [--repeats N] [--max-tokens N] [overrides ...]`:
+"""`python -m slime_hydra.calibrate [--out FILE] [--repeats N] [--max-tokens N]
+[--max-microbatches N] [overrides ...]`:
 measure the step cost model (schedule/steptime.py) of the configured model and layout on this
 machine and write the calibration file (calibration.py) that trainer.cost=FILE loads.
 
@@ -61,6 +62,7 @@ UNITS = {
     "token_s": "s/token",
     "square_s": "s/token²",
     "microbatch_s": "s/micro-batch",
+    "sequence_s": "s/sequence",
     "p2p_s": "s/send",
     "allreduce_s": "s/step",
     "optimizer_s": "s/step",
@@ -138,7 +140,13 @@ def timed_samples(
     return samples
 
 
-def calibrate(cfg: DictConfig, out: Path | None, repeats: int, max_tokens: int) -> StepCost:
+def calibrate(
+    cfg: DictConfig,
+    out: Path | None,
+    repeats: int,
+    max_tokens: int,
+    max_microbatches: int | None = None,
+) -> StepCost:
     """Time the grid in this config's workers, fit, write the calibration file to `out`
     (None: default_out)."""
     if repeats < 2:
@@ -154,7 +162,7 @@ def calibrate(cfg: DictConfig, out: Path | None, repeats: int, max_tokens: int) 
         )
     layout = validate(cfg).layout
     out = out or default_out(cfg.model.name, layout)
-    grid = calibration_grid(layout, max_tokens)
+    grid = calibration_grid(layout, max_tokens, max_microbatches)
     order = grid_order(len(grid), repeats)
     from slime_hydra.train.run.calibrate import TIMINGS  # torch: once the config is checked
     from slime_hydra.train.run.launch import start_workers
@@ -220,13 +228,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-tokens", type=int, default=2048, help="tokens of the largest micro-batch timed"
     )
+    parser.add_argument(
+        "--max-microbatches",
+        type=int,
+        default=None,
+        help="the most micro-batches per step timed (default 4 VPP groups): up to what the runs "
+        "take (batch/num_microbatches), as the fit extrapolates badly beyond it",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, as python -m slime_hydra")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
-        calibrate(cfg, args.out, args.repeats, args.max_tokens)
+        calibrate(cfg, args.out, args.repeats, args.max_tokens, args.max_microbatches)
     except SlimeHydraError as exc:
         log.error("%s", exc)
         sys.exit(1)

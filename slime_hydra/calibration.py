@@ -4,15 +4,16 @@ for plan mode, the trainers' sim/step_s and batching.count=fastest.
 
     {"format": 1, "model": "qwen2_5_0_5b", "device": "...",
      "layout": {"dp": 2, "tp": 1, "pp": 2, "vpp": 2, "cp": 1},
-     "terms": {"token_s": ..., "square_s": ..., "microbatch_s": ..., "p2p_s": ...,
-               "allreduce_s": ..., "optimizer_s": ...},
+     "terms": {"token_s": ..., "square_s": ..., "microbatch_s": ..., "sequence_s": ...,
+               "p2p_s": ..., "allreduce_s": ..., "optimizer_s": ...},
      "stderr": {...the same keys...}, "samples": [...what was timed...]}
 
 The terms are per model replica of the layout, so a file holds for one model and one
 (tp, pp, vpp, cp); dp changes only the all-reduce, which the file measured at its own dp.
 
 Units: token_s seconds per token, square_s seconds per squared sequence length (Σ L² over the
-micro-batch's sequences), microbatch_s seconds per micro-batch, p2p_s seconds per send between
+micro-batch's sequences), microbatch_s seconds per micro-batch, sequence_s seconds per sequence
+of a micro-batch (a file from before this term loads it as 0), p2p_s seconds per send between
 pipeline stages, allreduce_s and optimizer_s seconds per step; `stderr` holds each one's
 standard error in the same unit. `calibration_grid` is what is timed, `fit_step_cost` how
 the terms come out of the timings.
@@ -87,16 +88,20 @@ def calibration_json(
     return json.dumps(data, indent=1) + "\n"
 
 
-PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "p2p_s")
+PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
+"""The terms fitted to the schedule's seconds; p2p_s (last) only where there is a pipeline."""
 """The terms fitted to the time in megatron's schedule (p2p_s only where pp > 1)."""
 
 
-def calibration_grid(layout: ParallelLayout, max_tokens: int) -> list[tuple[int, list[int]]]:
+def calibration_grid(
+    layout: ParallelLayout, max_tokens: int, max_microbatches: int | None = None
+) -> list[tuple[int, list[int]]]:
     """What calibration times: (micro-batches per DP rank, the sequence lengths of each of
     them). Micro-batch sizes of max_tokens/8 .. max_tokens, each as one sequence, four equal
     ones and sixteen short ones of the same total (so the L² term separates from the token
-    term), at 1, 2 and 4 times the smallest count megatron's schedule takes (the VPP group),
-    so the per-micro-batch term separates from both."""
+    term), at 1, 2, 4, ... times the smallest count megatron's schedule takes (the VPP group)
+    up to `max_microbatches` (default 4 groups), so the per-micro-batch term separates from
+    both."""
     if max_tokens < 256:
         raise SlimeHydraError(
             f"calibration needs micro-batches of at least 256 tokens to tell its terms apart; "
@@ -104,10 +109,18 @@ def calibration_grid(layout: ParallelLayout, max_tokens: int) -> list[tuple[int,
             "batching.max_tokens_per_gpu)."
         )
     base = layout.vp_group_size if layout.vpp > 1 else 1
+    top = 4 * base if max_microbatches is None else max_microbatches
+    if top < 2 * base:
+        raise SlimeHydraError(
+            f"--max-microbatches={top}: the fit needs at least two counts of whole VPP groups "
+            f"({base} micro-batches each) to tell the per-micro-batch term apart; pass "
+            f"--max-microbatches {4 * base} or more."
+        )
+    counts = [base << i for i in range(top.bit_length()) if base << i <= top]
     grid = []
     for total in (max_tokens // 8, max_tokens // 4, max_tokens // 2, max_tokens):
         for parts in (1, 4, 16):
-            for count in (base, 2 * base, 4 * base):
+            for count in counts:
                 grid.append((count, [total // parts] * parts))
     return grid
 
@@ -130,7 +143,7 @@ def fit_step_cost(
     `pipeline_s`: Gauss-Newton from `start`, the simulation linear in the terms along a
     critical path; a term the fit drives below zero is held at zero. The all-reduce and the
     optimizer step are the medians of their timings (their stderr: the mean's)."""
-    terms = list(PIPELINE_TERMS if layout.pp > 1 else PIPELINE_TERMS[:3])
+    terms = list(PIPELINE_TERMS if layout.pp > 1 else PIPELINE_TERMS[:-1])
     if len(samples) <= len(terms):
         raise SlimeHydraError(
             f"fitting {len(terms)} step cost terms takes more than {len(terms)} timed steps, "

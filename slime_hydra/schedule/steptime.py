@@ -5,7 +5,8 @@ FLOPs of the model at trainer.achieved_tflops plus trainer.microbatch_overhead_m
 
 A micro-batch of sequences L_1..L_n costs, forward and backward through the whole model on one
 model replica of the layout (its tp × cp GPUs; a pipeline stage's model chunk takes 1/(pp·vpp)
-of it):  token_s · ΣL + square_s · ΣL² + microbatch_s.
+of it):  token_s · ΣL + square_s · ΣL² + sequence_s · n + microbatch_s  (sequence_s: what
+attention and the loss pay per packed sequence, e.g. one kernel call each under CP).
 Each activation or gradient sent between pipeline stages costs p2p_s (per micro-batch, per
 send); the step ends with the DP gradient all-reduce and the optimizer step, once each.
 """
@@ -34,6 +35,7 @@ class StepCost:
     token_s: float
     square_s: float
     microbatch_s: float
+    sequence_s: float = 0.0
     p2p_s: float = 0.0
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
@@ -77,10 +79,15 @@ class StepCost:
             )
         return cls(**{k: terms[k] for k in terms}, source=source)  # type: ignore[arg-type]
 
-    def seconds(self, tokens: Any, squares: Any) -> Any:
-        """Forward and backward through the whole model of micro-batches of these tokens (ΣL)
-        and squared lengths (ΣL²): of floats a float, of arrays an array."""
-        return self.token_s * tokens + self.square_s * squares + self.microbatch_s
+    def seconds(self, tokens: Any, squares: Any, sequences: Any) -> Any:
+        """Forward and backward through the whole model of micro-batches of these tokens (ΣL),
+        squared lengths (ΣL²) and sequences (n): of floats a float, of arrays an array."""
+        return (
+            self.token_s * tokens
+            + self.square_s * squares
+            + self.sequence_s * sequences
+            + self.microbatch_s
+        )
 
 
 @dataclass(frozen=True)
@@ -150,7 +157,8 @@ def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost
     """Forward+backward seconds of each micro-batch (`bin_of`: each sample's)."""
     L = sizes.astype(np.float64)
     tokens = np.bincount(bin_of, weights=L, minlength=bins)
-    return cost.seconds(tokens, np.bincount(bin_of, weights=L * L, minlength=bins))
+    squares = np.bincount(bin_of, weights=L * L, minlength=bins)
+    return cost.seconds(tokens, squares, np.bincount(bin_of, minlength=bins))
 
 
 def orders(k: int, seconds: np.ndarray) -> list[np.ndarray]:

@@ -39,7 +39,7 @@ def test_the_file_holds_fitted_terms_and_what_was_timed(calibration: Path) -> No
     assert data["device"].startswith("cpu (gloo)")
     assert data["terms"]["token_s"] > 0 and data["terms"]["allreduce_s"] > 0
     assert data["terms"]["p2p_s"] == 0.0 and "p2p_s" not in data["stderr"]  # pp=1
-    assert set(data["stderr"]) == {"token_s", "square_s", "microbatch_s"} | {
+    assert set(data["stderr"]) == {"token_s", "square_s", "microbatch_s", "sequence_s"} | {
         "allreduce_s",
         "optimizer_s",
     }

@@ -21,15 +21,17 @@ from slime_hydra.schedule.steptime import StepCost, simulate_step
 
 DP2 = ParallelLayout(dp=2)
 PP2_VPP2 = ParallelLayout(pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
-TRUE = StepCost(2e-5, 3e-9, 4e-3, p2p_s=1e-3, allreduce_s=0.01, optimizer_s=0.02)
+TRUE = StepCost(2e-5, 3e-9, 4e-3, sequence_s=5e-4, p2p_s=1e-3, allreduce_s=0.01, optimizer_s=0.02)
 START = StepCost(1e-6, 1e-10, 1e-4)  # far from TRUE, as the analytic model is on CPU
-PIPELINE = ("token_s", "square_s", "microbatch_s", "p2p_s")
+PIPELINE = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
 
 
 def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 0) -> list[dict]:
     """The grid timed by the simulator under `cost`, pipeline seconds with relative noise."""
     rng = np.random.default_rng(seed)
-    pipe = StepCost(cost.token_s, cost.square_s, cost.microbatch_s, p2p_s=cost.p2p_s)
+    pipe = StepCost(
+        cost.token_s, cost.square_s, cost.microbatch_s, sequence_s=cost.sequence_s, p2p_s=cost.p2p_s
+    )
     samples = []
     for count, mb in calibration_grid(layout, 2048):
         sample = {"num_microbatches": count, "microbatch": mb}
@@ -49,7 +51,7 @@ def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 
 def test_exact_timings_give_back_the_terms(layout: ParallelLayout) -> None:
     true = TRUE if layout.pp > 1 else StepCost(**{**TRUE.__dict__, "p2p_s": 0.0})
     cost, stderr = fit_step_cost(synthetic(layout, true, noise=0.0), layout, START, "f.json")
-    terms = PIPELINE if layout.pp > 1 else PIPELINE[:3]
+    terms = PIPELINE if layout.pp > 1 else PIPELINE[:-1]
     for name in (*terms, "allreduce_s", "optimizer_s"):
         assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-6), name
         assert stderr[name] < 1e-6 * getattr(true, name), name
@@ -76,8 +78,8 @@ def test_a_term_the_data_does_not_need_is_held_at_zero() -> None:
 
 
 def test_too_few_timed_steps_are_refused() -> None:
-    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:4]
-    with pytest.raises(SlimeHydraError, match="more than 4 timed steps, got 4"):
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:5]
+    with pytest.raises(SlimeHydraError, match="more than 5 timed steps, got 5"):
         fit_step_cost(samples, PP2_VPP2, START, "f")
 
 
@@ -94,6 +96,16 @@ def test_the_grid_separates_the_terms() -> None:
     assert {count for count, _ in calibration_grid(DP2, 2048)} == {1, 2, 4}
     with pytest.raises(SlimeHydraError, match="--max-tokens=200 is below"):
         calibration_grid(DP2, 200)
+
+
+def test_the_grid_reaches_the_counts_the_runs_take() -> None:
+    # Whole VPP groups of 2, doubling up to --max-microbatches (a count between two is not
+    # timed): the per-micro-batch cost is measured where the runs are, not extrapolated.
+    assert {count for count, _ in calibration_grid(PP2_VPP2, 2048, 16)} == {2, 4, 8, 16}
+    assert {count for count, _ in calibration_grid(PP2_VPP2, 2048, 12)} == {2, 4, 8}
+    assert {count for count, _ in calibration_grid(DP2, 2048, 32)} == {1, 2, 4, 8, 16, 32}
+    with pytest.raises(SlimeHydraError, match=r"--max-microbatches=3: .* \(2 micro-batches each\)"):
+        calibration_grid(PP2_VPP2, 2048, 3)
 
 
 def test_steps_run_once_as_warm_up_then_in_alternating_passes() -> None:

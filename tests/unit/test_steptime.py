@@ -38,6 +38,18 @@ def test_p2p_sends_and_the_tail_by_hand():
     assert timing.tail_s == pytest.approx(3.0)
 
 
+def test_each_packed_sequence_costs_sequence_s():
+    # dp=2, no pipeline: rank 0 runs {2, 3} and {5} (10 tokens, 4 + 9 + 25 = 38 L², 3
+    # sequences, 2 micro-batches): 10 × 1 + 38 × 0.1 + 3 × 0.5 + 2 × 0.25 = 15.8 s; rank 1,
+    # {10}: 10 + 100 × 0.1 + 0.5 + 0.25 = 20.75 s, the step.
+    cost = StepCost(1.0, 0.1, 0.25, sequence_s=0.5)
+    timing = simulate_step([[[2, 3], [5]], [[10]]], ParallelLayout(dp=2), cost)
+    assert timing.step_s == pytest.approx(10 + 10.0 + 0.5 + 0.25)
+    assert timing.slowest_rank == 1
+    one = simulate_step([[[2, 3], [5]]], ParallelLayout(), cost)
+    assert one.step_s == pytest.approx(15.8)
+
+
 def test_the_analytic_cost_is_the_flops_at_the_achieved_speed():
     # 6e12 FLOPs per token, 2e12 per L², at 1 TFLOP/s over tp=2 × cp=3 GPUs; 4 ms a batch.
     cost = StepCost.analytic((6e12, 2e12), 1.0, 4.0, ParallelLayout(tp=2, cp=3))
