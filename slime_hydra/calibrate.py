@@ -160,9 +160,12 @@ def calibrate(
             "python -m slime_hydra.calibrate times the real engine, which trainer=plan does not "
             "run: pass trainer=cpu or trainer=gpu."
         )
-    layout = validate(cfg).layout
+    checked = validate(cfg)
+    layout = checked.layout
     out = out or default_out(cfg.model.name, layout)
-    grid = calibration_grid(layout, max_tokens, max_microbatches)
+    grid = calibration_grid(
+        layout, max_tokens, max_microbatches, checked.dims.max_position_embeddings
+    )
     order = grid_order(len(grid), repeats)
     from slime_hydra.train.run.calibrate import TIMINGS  # torch: once the config is checked
     from slime_hydra.train.run.launch import start_workers
@@ -226,7 +229,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="the calibration file to write")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the grid")
     parser.add_argument(
-        "--max-tokens", type=int, default=2048, help="tokens of the largest micro-batch timed"
+        "--max-tokens",
+        type=int,
+        default=2048,
+        help="tokens of the largest micro-batch timed: up to the cap the runs pack to "
+        "(batching.max_tokens_per_gpu × parallel.cp)",
     )
     parser.add_argument(
         "--max-microbatches",

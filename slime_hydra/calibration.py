@@ -94,14 +94,18 @@ PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
 
 
 def calibration_grid(
-    layout: ParallelLayout, max_tokens: int, max_microbatches: int | None = None
+    layout: ParallelLayout,
+    max_tokens: int,
+    max_microbatches: int | None = None,
+    longest: int | None = None,
 ) -> list[tuple[int, list[int]]]:
     """What calibration times: (micro-batches per DP rank, the sequence lengths of each of
     them). Micro-batch sizes of max_tokens/8 .. max_tokens, each as one sequence, four equal
-    ones and sixteen short ones of the same total (so the L² term separates from the token
-    term), at 1, 2, 4, ... times the smallest count megatron's schedule takes (the VPP group)
-    up to `max_microbatches` (default 4 groups), so the per-micro-batch term separates from
-    both."""
+    ones and sixteen short ones of the same total (so the L² and per-sequence terms separate
+    from the token term; no sequence longer than `longest`, the model's positions: more of them
+    where one would be), at 1, 2, 4, ... times the smallest count megatron's schedule takes (the
+    VPP group) up to `max_microbatches` (default 4 groups), so the per-micro-batch term
+    separates from all of them."""
     if max_tokens < 256:
         raise SlimeHydraError(
             f"calibration needs micro-batches of at least 256 tokens to tell its terms apart; "
@@ -117,11 +121,13 @@ def calibration_grid(
             f"--max-microbatches {4 * base} or more."
         )
     counts = [base << i for i in range(top.bit_length()) if base << i <= top]
-    grid = []
+    grid: list[tuple[int, list[int]]] = []
     for total in (max_tokens // 8, max_tokens // 4, max_tokens // 2, max_tokens):
-        for parts in (1, 4, 16):
+        for split in (1, 4, 16):
+            parts = max(split, -(-total // longest)) if longest else split
             for count in counts:
-                grid.append((count, [total // parts] * parts))
+                if (count, [total // parts] * parts) not in grid:
+                    grid.append((count, [total // parts] * parts))
     return grid
 
 

@@ -98,6 +98,21 @@ def test_the_grid_separates_the_terms() -> None:
         calibration_grid(DP2, 200)
 
 
+def test_the_grid_reaches_the_cap_in_sequences_the_model_can_run() -> None:
+    # Up to 16,384 tokens a micro-batch on a model of 4,096 positions: the "one sequence"
+    # entries become as many of 4,096 as the total needs, and where that equals the four-way
+    # split the entry is timed once.
+    grid = calibration_grid(DP2, 16384, None, 4096)
+    assert max(max(mb) for _, mb in grid) == 4096
+    by_total: dict[int, set[tuple[int, ...]]] = {}
+    for _, mb in grid:
+        by_total.setdefault(sum(mb), set()).add(tuple(mb))
+    assert by_total[16384] == {(4096,) * 4, (1024,) * 16}
+    assert by_total[8192] == {(4096,) * 2, (2048,) * 4, (512,) * 16}
+    assert by_total[2048] == {(2048,), (512,) * 4, (128,) * 16}
+    assert len(grid) == len({(c, tuple(mb)) for c, mb in grid}) == 11 * 3
+
+
 def test_the_grid_reaches_the_counts_the_runs_take() -> None:
     # Whole VPP groups of 2, doubling up to --max-microbatches (a count between two is not
     # timed): the per-micro-batch cost is measured where the runs are, not extrapolated.
