@@ -89,8 +89,7 @@ def calibration_json(
 
 
 PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
-"""The terms fitted to the schedule's seconds; p2p_s (last) only where there is a pipeline."""
-"""The terms fitted to the time in megatron's schedule (p2p_s only where pp > 1)."""
+"""The terms fitted to the time in megatron's schedule (p2p_s, the last, only where pp > 1)."""
 
 
 def calibration_grid(
@@ -125,9 +124,9 @@ def calibration_grid(
     for total in (max_tokens // 8, max_tokens // 4, max_tokens // 2, max_tokens):
         for split in (1, 4, 16):
             parts = max(split, -(-total // longest)) if longest else split
-            for count in counts:
-                if (count, [total // parts] * parts) not in grid:
-                    grid.append((count, [total // parts] * parts))
+            for entry in ((count, [total // parts] * parts) for count in counts):
+                if entry not in grid:  # a split the positions forced may repeat another
+                    grid.append(entry)
     return grid
 
 

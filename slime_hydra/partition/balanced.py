@@ -482,11 +482,12 @@ class BalancedPacker:
     """Stop balancing once the heaviest bin is within this fraction of its lower bound."""
     budget: int = 100_000
     """Improvement work per step, in item visits (a pass also costs PASS_OVERHEAD): 40-60 ns
-    each on a current x86 core, so the default is about 5 ms; 0: no exchanges at all."""
+    each on a current x86 core, so the default is about 5 ms; 0 (with budget_per_sample 0): no
+    exchanges at all."""
     budget_per_sample: int = 2 * VISITS_PER_ITEM
     """More work for balancing the micro-batches, per sample of the step: two MULTIFIT
     packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for
-    from 7,500 samples a step, where the exchanges alone stall up to 3% above the bound."""
+    from 7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
 
     def __call__(
         self,
