@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import with_tokens
-from slime_hydra.errors import SlimeHydraError
+from slime_hydra.errors import SlimeHydraError, Stopped
 from slime_hydra.files import write_file
 from slime_hydra.instantiate import build
 from slime_hydra.log.jsonl import rows_done
@@ -101,14 +101,6 @@ class Attempt:
 
     wrote: bool = False
     failed: bool = False
-
-
-class Stopped(BaseException):
-    """SIGTERM: stop the run as Ctrl-C does (a BaseException, so no `except Exception` eats it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def raise_stopped(signum: int, frame: object) -> None:

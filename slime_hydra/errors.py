@@ -1,5 +1,25 @@
-"""The one error type a user sees: what is wrong, with which value, and which override fixes it."""
+"""The one error type a user sees: what is wrong, with which value, and which override fixes it;
+and the stop a signal raises where a process is."""
+
+from __future__ import annotations
+
+import signal
 
 
 class SlimeHydraError(ValueError):
     """A problem with the user's input or config; printed as one paragraph, without a traceback."""
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM, raised by a handler where the process is: a BaseException, as
+    KeyboardInterrupt is, so that code catching `Exception` (a logging handler's flush reports
+    and swallows it) cannot lose the stop."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by signal {signum} ({signal.Signals(signum).name})")
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        """The signal's name: SIGINT, SIGTERM."""
+        return signal.Signals(self.signum).name

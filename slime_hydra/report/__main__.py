@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_hydra.errors import SlimeHydraError
+from slime_hydra.errors import SlimeHydraError, Stopped
 from slime_hydra.files import make_dirs, write_file
 from slime_hydra.report.plots import plot_run, plot_sweep
 from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
@@ -60,14 +60,6 @@ def report(path: Path, out: Path | None = None) -> Report:
     return Report(written, failed, len(jobs) + len(failed))
 
 
-class Stopped(BaseException):
-    """SIGINT or SIGTERM: stop between (or inside) figures; each written one is complete."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 def _stop(signum: int, frame: object) -> None:
     raise Stopped(signum)
 
@@ -81,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _main(argv)
     except Stopped as exc:
         print(
-            f"report stopped by {exc}: each figure it wrote is complete, the one being drawn "
+            f"report stopped by {exc.name}: each figure it wrote is complete, the one being drawn "
             "was not written (no partial or temporary file is left).",
             file=sys.stderr,
         )

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -25,14 +26,15 @@ RANK0 = textwrap.dedent(
     from pathlib import Path
     from slime_hydra.log.sink import FanOut, RunInfo
     from slime_hydra.log.wandb import WandbSink
-    from slime_hydra.train.run.worker import close_sink, raise_on_sigterm
+    from slime_hydra.train.run.stops import raise_on_stop
+    from slime_hydra.train.run.worker import close_sink
 
     class SignalOnClose:
         '''Stages the launcher's SIGTERM at the worst moment: while the sinks close.'''
         def log(self, metrics): pass
         def close(self): os.kill(os.getpid(), signal.SIGTERM)
 
-    raise_on_sigterm()
+    raise_on_stop()
     sink = FanOut([SignalOnClose(), WandbSink(RunInfo(Path(sys.argv[1]), {}, "run", None, "cpu"))])
     try:
         for step in range(1, 4):
@@ -120,7 +122,8 @@ def test_sigterm_while_training_is_one_line_exit_143_naming_the_resume(tmp_path:
 STOP_IN_LOGGING = textwrap.dedent(
     """
     import io, logging, os, signal
-    from slime_hydra.train.run.worker import Stopped, raise_on_sigterm
+    from slime_hydra.errors import Stopped
+    from slime_hydra.train.run.stops import raise_on_stop
 
     class SignalOnFlush(io.StringIO):
         '''The launcher's SIGTERM staged inside a log handler's flush (CI caught it there).'''
@@ -128,7 +131,7 @@ STOP_IN_LOGGING = textwrap.dedent(
 
     log = logging.getLogger("rank")
     log.addHandler(logging.StreamHandler(SignalOnFlush()))
-    raise_on_sigterm()
+    raise_on_stop()
     try:
         log.warning("Saved checkpoint after step 1")
     except Stopped:
@@ -167,3 +170,108 @@ def test_ctrl_c_in_a_plan_run_says_what_it_logged_and_that_it_cannot_resume(tmp_
     ) in text
     assert "so it cannot be resumed: rerun it with a new hydra.run.dir." in text
     assert "trainer.resume=true" not in text
+
+
+def children_of(pid: int) -> list[int]:
+    """The pids of the processes whose parent is `pid`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(proc.name))
+    return found
+
+
+def ctrl_c_when(line_part: str, run_dir: Path) -> tuple[int, str]:
+    """Run a small training run in a session of its own, as a terminal runs it, and press
+    Ctrl-C (SIGINT to the whole foreground group) once a line containing `line_part` is
+    printed and the job process has started its two workers; return its exit code and all it
+    printed."""
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen(
+        [*cmd, *SMALL, "model.num_layers=4"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line_part in line:
+            while len(children_of(proc.pid)) < 2 and proc.poll() is None:
+                time.sleep(0.05)
+            time.sleep(0.5)  # inside the workers' startup: importing torch takes seconds
+            os.killpg(proc.pid, signal.SIGINT)
+            break
+    lines.append(proc.stdout.read())
+    return proc.wait(timeout=300), "".join(lines)
+
+
+@pytest.mark.parametrize(
+    "when, line",
+    [
+        # The workers are starting (importing torch): a KeyboardInterrupt traceback there came
+        # from each worker's own startup, before any of our code ran in it.
+        ("Launching", "stopped by SIGINT before training started: nothing was written to"),
+        # The workers are training: the stop, then the launcher's own SIGINT after it.
+        ("step 1/", "stopped by SIGINT: the run in"),
+    ],
+)
+def test_ctrl_c_while_workers_start_or_train_is_one_line_without_a_traceback(
+    tmp_path: Path, when: str, line: str
+) -> None:
+    code, text = ctrl_c_when(when, tmp_path / "run")
+    assert code == 130, text[-3000:]
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-6000:]
+    assert "death signal" not in text, text[-3000:]  # the launcher's warning: the line says it
+    assert line in text, text[-3000:]
+
+
+def workers_of(job_pid: int) -> list[int]:
+    """The pids of the worker processes the job process `job_pid` started (their command line
+    names train/run/worker_process.py and the job's pid)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"worker_process" in arg for arg in argv) and str(job_pid).encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_job_leaves_no_worker_behind(tmp_path: Path) -> None:
+    # The workers run in a session of their own (Ctrl-C reaches the job process only), so
+    # nothing else would stop them once the job process is gone.
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", f"hydra.run.dir={tmp_path}"]
+    slow = ["data.num_prompts=64", "batching.global_batch_size=8", "model.num_layers=4"]
+    proc = subprocess.Popen(
+        [*cmd, *SMALL, *slow],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        stderr=subprocess.STDOUT,
+    )
+    for line in proc.stdout:
+        if "step 1/" in line:
+            break
+    workers = workers_of(proc.pid)
+    assert len(workers) == 2
+    proc.kill()
+    proc.wait(timeout=60)
+    for _ in range(300):  # SIGTERM from the kernel, then the worker's own teardown
+        if not workers_of(proc.pid):
+            break
+        time.sleep(0.1)
+    assert not workers_of(proc.pid)

@@ -10,6 +10,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,9 +47,19 @@ def launch(trainer: CpuTrainer, job: Job) -> None:
     train(trainer, job)
 
 
+WORKER_PROGRAM = (
+    "import os, sys; sys.path[:] = sys.argv[1].split(os.pathsep); "
+    "from slime_hydra.train.run.worker_process import main; sys.exit(main(sys.argv[2:]))"
+)
+"""What each worker process runs (`python -c`), with the job process's sys.path, as
+multiprocessing's spawn gives its children: train/run/worker_process.py."""
+
+
 def start_workers(trainer: CpuTrainer, job: Job, entry: str) -> None:
     """Run `entry(trainer, job)` ("module:function": TRAIN, or the calibration's) in
-    nproc_per_node workers (through `run_worker`); restart them up to max_restarts."""
+    nproc_per_node worker processes (train/run/worker_process.py, then `run_worker`); restart
+    them up to max_restarts. Each worker runs in a session of its own, as torchrun's do: a
+    Ctrl-C reaches this process only, and the launcher stops the workers with the same signal."""
     nodes = job_nodes()
     procs = num_procs(trainer, job)
     logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
@@ -77,10 +88,18 @@ def start_workers(trainer: CpuTrainer, job: Job, entry: str) -> None:
     agent_log = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
     level = agent_log.level
     agent_log.setLevel(logging.CRITICAL)
+    # The job's own line says the run was stopped, and how to go on.
+    server_log = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    server_log.addFilter(not_the_stop)
     try:
-        log_file = str(job.run.run_dir / LOG_FILE)
-        payload = pickle.dumps((trainer, job))
-        elastic_launch(config, run_worker)(payload, log_file, shown_warnings(), entry)
+        arguments = Path(logs) / "worker.pickle"  # in a dir only this user can read
+        with arguments.open("wb") as out:
+            pickle.dump((str(job.run.run_dir / LOG_FILE), shown_warnings(), entry), out)
+            pickle.dump((trainer, job), out)
+        flags = [f"-W{option}" for option in sys.warnoptions]
+        paths = os.pathsep.join(sys.path)
+        command = [*flags, "-c", WORKER_PROGRAM, paths, str(os.getpid()), str(arguments)]
+        elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as exc:
         first = nodes.rank * procs
         failures = {**recorded_failures(Path(logs), first), **exc.failures}
@@ -90,25 +109,30 @@ def start_workers(trainer: CpuTrainer, job: Job, entry: str) -> None:
         raise SlimeHydraError(failure_report(failures)) from None
     finally:
         agent_log.setLevel(level)
+        server_log.removeFilter(not_the_stop)
         shutil.rmtree(logs, ignore_errors=True)
 
 
-def run_worker(payload: bytes, log_file: str, shown: frozenset[str], entry: str) -> None:
-    """What each spawned worker runs: its rank's output first (train/run/rank_output.py; `shown`:
-    the warnings the job process showed), then the trainer and job unpickled and handed to
-    `entry` ("module:function"). Unpickling the job imports megatron (the iterator), so they
-    come pickled, and the entry is imported here: megatron's import-time warnings then meet
-    this rank's filters. A rank the launcher stopped exits 1 without a traceback: its error
-    file holds the stop (the entry records it)."""
-    setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
-    trainer, job = pickle.loads(payload)
-    from slime_hydra.train.run.worker import Stopped  # megatron too: after the filters
+def not_the_stop(record: logging.LogRecord) -> bool:
+    """Whether a record of the elastic agent is other than its warning on a stop signal
+    ("Received SIGINT death signal, shutting down workers")."""
+    return not str(record.msg).startswith("Received %s death signal")
 
+
+def run_worker(arguments: str) -> None:
+    """What each worker runs once its stop is set (train/run/worker_process.py): its rank's
+    output (train/run/rank_output.py, given the warnings the job process showed), then the
+    trainer and job unpickled from the `arguments` file and handed to the entry
+    ("module:function"). Unpickling the job imports megatron (the iterator), so they come
+    second, and the entry is imported here: megatron's import-time warnings then meet this
+    rank's filters. A stopped rank exits 1 without a traceback: its error file holds the stop
+    (the entry records it)."""
+    with open(arguments, "rb") as source:
+        log_file, shown, entry = pickle.load(source)
+        setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
+        trainer, job = pickle.load(source)
     module, function = entry.split(":")
-    try:
-        getattr(importlib.import_module(module), function)(trainer, job)
-    except Stopped:
-        raise SystemExit(1) from None
+    getattr(importlib.import_module(module), function)(trainer, job)
 
 
 def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:
@@ -144,8 +168,10 @@ PEER_LOST = (
     "gloo",
     "processgroup",
     "signal 15",
+    "signal 2",
     "signal 9",
     "sigterm",
+    "sigint",
     "sigkill",
 )
 """What a rank reports when another rank died first (a broken collective, or the launcher

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -12,13 +11,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import get_error_handler, record
 
-from slime_hydra.errors import SlimeHydraError
+from slime_hydra.errors import SlimeHydraError, Stopped
 from slime_hydra.log.sink import NoSink, Sink
 from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
 from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
 from slime_hydra.train.run.loop import run_steps
+from slime_hydra.train.run.stops import ignore_stops, raise_on_stop
 from slime_hydra.train.run.torchrun import TorchrunEnv, torchrun_env
 from slime_hydra.train.settings import CpuTrainer
 from slime_hydra.train.step import cpu_shim
@@ -28,28 +28,11 @@ from slime_hydra.train.step.optimizer import OptimizerSettings
 log = logging.getLogger(__name__)
 
 
-class Stopped(BaseException):
-    """The launcher stopped this rank (SIGTERM): another rank failed, or the run was cancelled.
-    A BaseException, as KeyboardInterrupt is: the signal can land inside code that catches
-    `Exception` (a logging handler's flush reports and swallows it) and the stop would be lost."""
-
-
-def raise_on_sigterm() -> None:
-    """torchrun stops the ranks left alive with SIGTERM when one fails, and kills them 30 s
-    later: raise instead of dying at once, so the `finally` blocks run (rank 0 closes its sinks,
-    and wandb writes out the steps it holds)."""
-
-    def stop(signum: int, _frame: object) -> None:
-        raise Stopped(f"stopped by signal {signum} (SIGTERM) from the launcher")
-
-    signal.signal(signal.SIGTERM, stop)
-
-
 def close_sink(sink: Sink) -> None:
     """Close this rank's sinks to the end (rank 0's write out wandb's steps; the others' do
-    nothing): a SIGTERM that arrives meanwhile or in the teardown after it (the launcher
-    stopping this rank after a peer failed) is ignored, SIGKILL still bounds it."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    nothing): a stop that arrives meanwhile or in the teardown after it (the launcher stopping
+    this rank after a peer failed) is ignored, SIGKILL still bounds it."""
+    ignore_stops()
     sink.close()
 
 
@@ -109,14 +92,14 @@ def steps_done(
 @contextmanager
 def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[TorchrunEnv]:
     """What every worker entry point (train, the calibration's measure) runs inside: the
-    torchrun env, SIGTERM raised as Stopped, this rank's share of the threads, the process
-    groups, the job's seeds, and rank 0's run dir checked as this rank's; this rank's own error
-    recorded before teardown makes its peers fail as well (the launcher reports the rank where
-    a failure happened, train/run/launch.py)."""
+    torchrun env, SIGINT and SIGTERM raised as Stopped, this rank's share of the threads, the
+    process groups, the job's seeds, and rank 0's run dir checked as this rank's; this rank's
+    own error recorded before teardown makes its peers fail as well (the launcher reports the
+    rank where a failure happened, train/run/launch.py)."""
     env = torchrun_env()
     if env is None:
         raise SlimeHydraError(f"{entry}() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
-    raise_on_sigterm()
+    raise_on_stop()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
     layout = job.layout
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
