@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from slime_hydra import app, sweep
 from slime_hydra.config import register_configs
+from slime_hydra.errors import Stopped, stop_signal
 
 register_configs()
 
@@ -43,8 +44,8 @@ def main() -> None:
     try:
         hydra_main()
         code: int | str | None = 0
-    except (KeyboardInterrupt, app.Stopped) as exc:
-        signum = exc.signum if isinstance(exc, app.Stopped) else signal.SIGINT
+    except (KeyboardInterrupt, Stopped) as exc:
+        signum = stop_signal(exc)
         name = signal.Signals(signum).name
         print(f"stopped by {name} outside any job (Hydra was setting one up).", file=sys.stderr)
         code = 128 + signum

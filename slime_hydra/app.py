@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import with_tokens
-from slime_hydra.errors import SlimeHydraError, Stopped
+from slime_hydra.errors import SlimeHydraError, Stopped, stop_signal
 from slime_hydra.files import write_file
 from slime_hydra.instantiate import build
 from slime_hydra.log.jsonl import rows_done
@@ -242,16 +242,12 @@ def _main(
         if not isinstance(exc, RunDirError):  # never into another run's dir
             _record_failure(job_dir, str(exc), held_before, attempt)
         return math.inf
-    except (KeyboardInterrupt, Stopped) as exc:
-        signum = exc.signum if isinstance(exc, Stopped) else signal.SIGINT
-        log.error("%s", _stopped_line(signum, job_dir, attempt))
-        sys.exit(128 + signum)
-    except Exception as exc:
-        signum = getattr(exc, "sigval", None)  # the elastic launcher's SignalException
+    except BaseException as exc:  # a stop (Ctrl-C, SIGTERM, the launcher's), or a failure
+        signum = stop_signal(exc)
         if signum is not None:
-            log.error("%s", _stopped_line(int(signum), job_dir, attempt))
-            sys.exit(128 + int(signum))
-        if not multirun:
+            log.error("%s", _stopped_line(signum, job_dir, attempt))
+            sys.exit(128 + signum)
+        if not multirun or not isinstance(exc, Exception):
             raise
         log.exception("sweep job %s failed", job_dir)
         attempt.failed = True

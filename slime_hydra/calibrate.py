@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import statistics
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.__main__ import CONF_DIR
+from slime_hydra.app import raise_stopped
 from slime_hydra.calibration import (
     calibration_grid,
     calibration_json,
@@ -45,7 +47,7 @@ from slime_hydra.calibration import (
 )
 from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import RolloutBatch, with_tokens
-from slime_hydra.errors import SlimeHydraError
+from slime_hydra.errors import SlimeHydraError, stop_signal
 from slime_hydra.files import write_file
 from slime_hydra.instantiate import build
 from slime_hydra.log.sink import RunInfo
@@ -245,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides, as python -m slime_hydra")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    signal.signal(signal.SIGTERM, raise_stopped)
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
@@ -252,6 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     except SlimeHydraError as exc:
         log.error("%s", exc)
         sys.exit(1)
+    except BaseException as exc:  # a stop (Ctrl-C, SIGTERM, the launcher's), or a failure
+        signum = stop_signal(exc)
+        if signum is None:
+            raise
+        name = signal.Signals(signum).name
+        log.error("calibration stopped by %s: no calibration file was written.", name)
+        sys.exit(128 + signum)
 
 
 if __name__ == "__main__":

@@ -23,3 +23,14 @@ class Stopped(BaseException):
     def name(self) -> str:
         """The signal's name: SIGINT, SIGTERM."""
         return signal.Signals(self.signum).name
+
+
+def stop_signal(exc: BaseException) -> int | None:
+    """The signal that `exc` stands for: SIGINT for KeyboardInterrupt, a Stopped's own, or that
+    of torch's elastic launcher (its SignalException carries `sigval`); None for any other."""
+    if isinstance(exc, KeyboardInterrupt):
+        return signal.SIGINT
+    if isinstance(exc, Stopped):
+        return exc.signum
+    sigval = getattr(exc, "sigval", None)
+    return None if sigval is None else int(sigval)

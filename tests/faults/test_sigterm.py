@@ -185,15 +185,15 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def ctrl_c_when(line_part: str, run_dir: Path) -> tuple[int, str]:
-    """Run a small training run in a session of its own, as a terminal runs it, and press
-    Ctrl-C (SIGINT to the whole foreground group) once a line containing `line_part` is
-    printed and the job process has started its two workers; return its exit code and all it
-    printed."""
+def ctrl_c_when(line_part: str, run_dir: Path, *command: str) -> tuple[int, str]:
+    """Run `python -m COMMAND` (default: a small training run) in a session of its own, as a
+    terminal runs it, and press Ctrl-C (SIGINT to the whole foreground group) once a line
+    containing `line_part` is printed and the job process has started its two workers; return
+    its exit code and all it printed."""
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": "0"}
-    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra", f"hydra.run.dir={run_dir}"]
+    run = ["slime_hydra", f"hydra.run.dir={run_dir}", *SMALL, "model.num_layers=4"]
     proc = subprocess.Popen(
-        [*cmd, *SMALL, "model.num_layers=4"],
+        [sys.executable, "-W", "ignore", "-m", *(command or run)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -232,6 +232,18 @@ def test_ctrl_c_while_workers_start_or_train_is_one_line_without_a_traceback(
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-6000:]
     assert "death signal" not in text, text[-3000:]  # the launcher's warning: the line says it
     assert line in text, text[-3000:]
+
+
+def test_ctrl_c_while_the_calibration_workers_start_is_one_line_and_writes_no_file(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "cal.json"
+    calibrate = ["slime_hydra.calibrate", "--out", str(out), "--max-tokens", "512"]
+    code, text = ctrl_c_when("Launching", tmp_path, *calibrate, f"hydra.run.dir={tmp_path}")
+    assert code == 130, text[-3000:]
+    assert "Traceback" not in text and "SignalException" not in text, text[-6000:]
+    assert "calibration stopped by SIGINT: no calibration file was written." in text
+    assert not out.exists()
 
 
 def workers_of(job_pid: int) -> list[int]:

@@ -4,6 +4,7 @@ the job process, whose launcher then sends its own stop after it."""
 
 from __future__ import annotations
 
+import os
 import signal
 
 from slime_hydra.errors import Stopped
@@ -20,6 +21,20 @@ def raise_on_stop() -> None:
     def stop(signum: int, _frame: object) -> None:
         ignore_stops()
         raise Stopped(signum)
+
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stop)
+
+
+def exit_on_stop() -> None:
+    """Until `raise_on_stop`: SIGINT or SIGTERM ends the process at once, exit 1. A worker still
+    starting (reading its arguments, importing torch and megatron) has nothing to close, and a
+    stop raised there can land where Python ignores exceptions (an import lock's weakref
+    callback: "Exception ignored in ..."), and the worker would run on until the launcher kills
+    it, 30 s later."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        os._exit(1)
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)

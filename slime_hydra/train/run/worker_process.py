@@ -1,7 +1,7 @@
 """A worker process as the launcher starts it (`python -c WORKER_PROGRAM ARGS`, train/run/
-launch.py): the stop raised on SIGINT or SIGTERM from its first line, before torch is imported,
-so a stop while it starts ends it with exit 1 and no traceback; the worker dies with the job
-process that started it; then launch.run_worker."""
+launch.py): from its first line, before torch is imported, SIGINT or SIGTERM ends it at once
+with exit 1 and no traceback, until its rank starts (worker.rank_process), from where they
+raise the stop; the worker dies with the job process that started it; then launch.run_worker."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from slime_hydra.errors import Stopped
-from slime_hydra.train.run.stops import raise_on_stop
+from slime_hydra.train.run.stops import exit_on_stop
 
 PR_SET_PDEATHSIG = 1
 """prctl(2): the signal this process gets when the thread that started it ends (Linux)."""
@@ -32,7 +32,7 @@ def main(argv: Sequence[str]) -> int:
     failure is recorded in the rank's error file, where the launcher reads it to name the rank
     and its error (launch.failure_report), and ends the worker with exit 1: its traceback is
     the launcher's to show."""
-    raise_on_stop()
+    exit_on_stop()
     try:
         die_with_parent(int(argv[0]))
         from slime_hydra.train.run.launch import run_worker  # imports torch: after the stop
