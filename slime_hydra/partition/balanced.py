@@ -313,7 +313,9 @@ def _passes(
     repair: bool,
 ) -> bool:
     """Exchange passes on `values` until every open bin is at most `goal` (True), or no pair
-    can improve or the work is spent (False). In repair a bin of one item is done."""
+    can improve or the work is spent (False); each pass takes only the pairs the work left pays
+    for. In repair a bin of one item is done, and a repair stops where the work left cannot
+    remove the excess at its last pass's rate (`_hopeless`)."""
     load = state.load(values)
     n = len(state.bin_of)
     movable = np.ones(n, dtype=bool)
@@ -336,13 +338,13 @@ def _passes(
         tries = max(1, min(PARTNERS, pool.size // m))
         light = pool[(np.arange(m * tries) + rotation) % pool.size]
         heavy = np.tile(heavy, tries)
-        if not repair:  # balancing: only the pairs the budget pays for, first partners first
-            paid = work.paid(
-                visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n)
-            )
-            if paid == 0:
-                return False
-            heavy, light = heavy[:paid], light[:paid]
+        # First partners first.
+        paid = work.paid(visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n))
+        if paid == 0:
+            return False
+        heavy, light = heavy[:paid], light[:paid]
+        excess = int((load[over] - cap).sum()) if repair else 0
+        spent = work.spent
         gap = load[heavy] - load[light]
         room = cap - load[light] if repair else gap
         ex = state.exchanges(values, (heavy, light), gap, room, cap, movable)
@@ -350,6 +352,8 @@ def _passes(
         top_moved = bool((ex.heavy == heavy[0]).any())
         if ex.give.size:
             state.apply(ex)
+            if repair and _hopeless(state, cap, excess, work, work.spent - spent):
+                return False
         if top_moved:
             stalled = 0
         else:  # the heaviest bin found no exchange: it tries the next lightest bins next
@@ -357,6 +361,18 @@ def _passes(
             rotation += m * tries
             if stalled >= pool.size:
                 return False
+
+
+def _hopeless(state: _State, cap: int, excess: int, work: Work, cost: int) -> bool:
+    """Whether a repair cannot end within its budget at the rate of the pass just made, which
+    cost `cost` visits and started from `excess` tokens over the cap: the budget left, spent at
+    that rate, removes less than the excess left. Passes only slow down as the easy exchanges
+    are made, so this stops a repair of a count that it cannot pack after a few passes, not
+    after its whole budget."""
+    over = state.counts > 1
+    left = int(np.maximum(state.size_load[over] - cap, 0).sum())
+    cut = excess - left
+    return cut > 0 and left * cost > cut * (work.budget - work.spent)
 
 
 def even_groups(
@@ -485,9 +501,10 @@ class BalancedPacker:
     each on a current x86 core, so the default is about 5 ms; 0 (with budget_per_sample 0): no
     exchanges at all."""
     budget_per_sample: int = 2 * VISITS_PER_ITEM
-    """More work for balancing the micro-batches, per sample of the step: two MULTIFIT
-    packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for
-    from 7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
+    """More work for balancing the micro-batches, and for each cap repair, per sample of the
+    step: two MULTIFIT packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget
+    stops paying for from 7,500 samples a step, where the exchanges alone stall 2-4% above the
+    bound."""
 
     def __call__(
         self,
@@ -503,29 +520,32 @@ class BalancedPacker:
         breaks the cap largest fit in rounds. Where both fail, first-fit decreasing's own count
         is packable (it packs every count from its own up) and the counts below it are
         bisected with the constructions and the repairs (of largest fit, and of FFD's packing
-        cut to the count), so a step tries O(log) counts, not every one up to it. Each repair
-        has a budget of its own, so a count that cannot be packed leaves the balancing its
-        budget; at FFD's own count the constructions still go first. The plan found is then
-        balanced within `work`: exchanges with half of it; where they stop above the goal, by
-        tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges
-        again."""
+        cut to the count), so a step tries O(log) counts, not every one up to it. The repairs
+        share one budget of their own (the step's `budget` and `budget_per_sample` for each
+        item), so a count that cannot be packed leaves the balancing its budget, and the search
+        costs at most that in exchanges besides its constructions; at FFD's own count the
+        constructions still go first. The plan
+        found is then balanced within `work`: exchanges with half of it; where they stop above
+        the goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
+        exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
         bin_of = self._balanced(sizes, weights, counts[0], cap)
         if bin_of is None:
-            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, 0)
+            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, Work(0))
         at = 0
         if bin_of is None:
             ffd = first_fit_decreasing(sizes, cap)
             fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
             lo, hi = 0, fits
+            repairs = Work(self.budget + self.budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
                 got = self._balanced(sizes, weights, counts[mid], cap) if mid else None
                 if got is None:
-                    got = self._fit_repaired(sizes, weights, counts[mid], cap, self.budget)
+                    got = self._fit_repaired(sizes, weights, counts[mid], cap, repairs)
                 if got is None:
-                    got = self._cut_repaired(sizes, weights, counts[mid], cap, ffd)
+                    got = self._cut_repaired(sizes, weights, counts[mid], cap, ffd, repairs)
                 if got is None:
                     lo = mid + 1
                 else:
@@ -537,7 +557,7 @@ class BalancedPacker:
                 if at:  # FFD's own count: the constructions as they are, else FFD's packing
                     bin_of = self._balanced(sizes, weights, counts[at], cap)
                     if bin_of is None:
-                        bin_of = self._fit_repaired(sizes, weights, counts[at], cap, 0)
+                        bin_of = self._fit_repaired(sizes, weights, counts[at], cap, Work(0))
                 if bin_of is None:
                     bin_of = ffd.copy()
                     fill_empty(bin_of, weights, counts[at])
@@ -563,22 +583,28 @@ class BalancedPacker:
         return bin_of if _within_cap(bin_of, sizes, bins, cap) else None
 
     def _fit_repaired(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, budget: int
+        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
     ) -> np.ndarray | None:
         """Largest fit in rounds into `bins`, where it breaks the cap repaired by exchanges
-        within `budget` item visits of its own (0: as it is); None where that falls short."""
+        within `work` (none left: as it is); None where that falls short."""
         fit = fit_rounds(sizes, bins, cap)
         if _within_cap(fit, sizes, bins, cap):
             return fit
-        return fit if improve(fit, sizes, weights, bins, cap, cap, Work(budget)) else None
+        return fit if improve(fit, sizes, weights, bins, cap, cap, work) else None
 
     def _cut_repaired(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, ffd: np.ndarray
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        bins: int,
+        cap: int,
+        ffd: np.ndarray,
+        work: Work,
     ) -> np.ndarray | None:
         """First-fit decreasing's packing `ffd` (more bins) cut to `bins`, repaired by
-        exchanges within a budget of its own; None where the repair falls short."""
+        exchanges within `work`; None where the repair falls short."""
         cut = cut_to(ffd, sizes, bins)
-        return cut if improve(cut, sizes, weights, bins, cap, cap, Work(self.budget)) else None
+        return cut if improve(cut, sizes, weights, bins, cap, cap, work) else None
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,

@@ -205,7 +205,7 @@ def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
     sizes, weights, bins, cap = case
     work = Work(budget)
     found = BalancedPacker(budget=budget)(sizes, weights, [bins], cap, work)
-    # A balancing pass takes only the pairs the budget left pays for (repairs have their own).
+    # A pass takes only the pairs the budget left pays for (repairs have their own).
     assert work.spent <= budget
     if found is None:
         return
@@ -215,6 +215,34 @@ def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
     assert len(counts) == bins and (counts > 0).all()
     loads = np.bincount(bin_of, weights=sizes, minlength=bins)
     assert ((loads <= cap) | (counts == 1)).all()
+
+
+def test_a_repair_stops_where_the_budget_left_cannot_remove_the_excess_at_its_rate():
+    # Bins {6, 6}, {11}, {3, 2} under a cap of 10: 2 over it where two items share a bin (the
+    # lone 11 cannot be repaired). A pass that cost 100 visits took the excess from 6 to 2, so
+    # 2 more need 50 visits at its rate.
+    sizes = np.array([6, 6, 11, 3, 2])
+    state = balanced._State.of(np.array([0, 0, 1, 2, 2]), sizes, sizes, 3)
+    assert not balanced._hopeless(state, 10, 6, Work(150, spent=100), 100)  # 50 left
+    assert balanced._hopeless(state, 10, 6, Work(149, spent=100), 100)  # 49 left
+    assert not balanced._hopeless(state, 10, 2, Work(100, spent=100), 100)  # no cut: no rate
+
+
+@PROPERTY
+@given(packing_cases(), st.integers(0, 100_000))
+def test_a_cap_repair_keeps_its_budget(case, budget):
+    # A repair pass visited every pair it made, whatever was left: 2.2M visits on a budget of
+    # 100,000 at 1M samples.
+    sizes, weights, bins, cap = case
+    bin_of = fit_rounds(sizes, bins, cap)  # over the cap where items fitted nowhere
+    work = Work(budget)
+    within = improve(bin_of, sizes, weights, bins, cap, cap, work)
+    assert work.spent <= budget
+    counts = np.bincount(bin_of, minlength=bins)
+    assert len(counts) == bins and (counts > 0).all()
+    if within:
+        loads = np.bincount(bin_of, weights=sizes, minlength=bins)
+        assert ((loads <= cap) | (counts == 1)).all()
 
 
 @PROPERTY
