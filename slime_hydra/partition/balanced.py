@@ -338,7 +338,7 @@ def _passes(
         tries = max(1, min(PARTNERS, pool.size // m))
         light = pool[(np.arange(m * tries) + rotation) % pool.size]
         heavy = np.tile(heavy, tries)
-        # First partners first.
+        # Only the pairs the work left pays for, first partners first.
         paid = work.paid(visits(np.cumsum(state.counts[heavy]), np.cumsum(state.counts[light]), n))
         if paid == 0:
             return False
@@ -501,10 +501,10 @@ class BalancedPacker:
     each on a current x86 core, so the default is about 5 ms; 0 (with budget_per_sample 0): no
     exchanges at all."""
     budget_per_sample: int = 2 * VISITS_PER_ITEM
-    """More work for balancing the micro-batches, and for each cap repair, per sample of the
-    step: two MULTIFIT packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget
-    stops paying for from 7,500 samples a step, where the exchanges alone stall 2-4% above the
-    bound."""
+    """More work for balancing the micro-batches, and for the cap repairs of a step's count
+    search, per sample of the step: two MULTIFIT packings' worth (VISITS_PER_ITEM a sample
+    each), which a fixed budget stops paying for from 7,500 samples a step, where the exchanges
+    alone stall 2-4% above the bound."""
 
     def __call__(
         self,
@@ -524,10 +524,9 @@ class BalancedPacker:
         share one budget of their own (the step's `budget` and `budget_per_sample` for each
         item), so a count that cannot be packed leaves the balancing its budget, and the search
         costs at most that in exchanges besides its constructions; at FFD's own count the
-        constructions still go first. The plan
-        found is then balanced within `work`: exchanges with half of it; where they stop above
-        the goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
-        exchanges again."""
+        constructions still go first. The plan found is then balanced within `work`: exchanges
+        with half of it; where they stop above the goal, by tokens, MULTIFIT
+        (partition.multifit) below the heaviest bin they reached; exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
         bin_of = self._balanced(sizes, weights, counts[0], cap)
