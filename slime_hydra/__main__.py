@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from slime_hydra import app, sweep
 from slime_hydra.config import register_configs
-from slime_hydra.errors import Stopped, stop_signal
+from slime_hydra.errors import Stopped, raise_stopped, stop_signal
 
 register_configs()
 
@@ -40,7 +40,7 @@ def main() -> None:
     outside a job (Hydra composing the config, or setting a sweep's next job up) is one line and
     exit 130/143 instead of a traceback, and a sweep that stops before its end (a signal, a job
     killed, an error in Hydra's launcher) still ends with its line."""
-    signal.signal(signal.SIGTERM, app.raise_stopped)
+    signal.signal(signal.SIGTERM, raise_stopped)
     try:
         hydra_main()
         code: int | str | None = 0

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import with_tokens
-from slime_hydra.errors import SlimeHydraError, Stopped, stop_signal
+from slime_hydra.errors import SlimeHydraError, raise_stopped, stop_signal
 from slime_hydra.files import write_file
 from slime_hydra.instantiate import build
 from slime_hydra.log.jsonl import rows_done
@@ -101,11 +101,6 @@ class Attempt:
 
     wrote: bool = False
     failed: bool = False
-
-
-def raise_stopped(signum: int, frame: object) -> None:
-    """The SIGTERM handler of a run: raise Stopped where the process is."""
-    raise Stopped(signum)
 
 
 def run(cfg: DictConfig, attempt: Attempt | None = None) -> float | None:

@@ -38,7 +38,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from slime_hydra.__main__ import CONF_DIR
-from slime_hydra.app import raise_stopped
 from slime_hydra.calibration import (
     calibration_grid,
     calibration_json,
@@ -47,7 +46,7 @@ from slime_hydra.calibration import (
 )
 from slime_hydra.config import job_of, validate
 from slime_hydra.data.rollout import RolloutBatch, with_tokens
-from slime_hydra.errors import SlimeHydraError, stop_signal
+from slime_hydra.errors import SlimeHydraError, raise_stopped, stop_signal
 from slime_hydra.files import write_file
 from slime_hydra.instantiate import build
 from slime_hydra.log.sink import RunInfo

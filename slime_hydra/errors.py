@@ -25,6 +25,11 @@ class Stopped(BaseException):
         return signal.Signals(self.signum).name
 
 
+def raise_stopped(signum: int, _frame: object) -> None:
+    """A SIGINT/SIGTERM handler: raise Stopped where the process is."""
+    raise Stopped(signum)
+
+
 def stop_signal(exc: BaseException) -> int | None:
     """The signal that `exc` stands for: SIGINT for KeyboardInterrupt, a Stopped's own, or that
     of torch's elastic launcher (its SignalException carries `sigval`); None for any other."""

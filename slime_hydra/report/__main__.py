@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_hydra.errors import SlimeHydraError, Stopped
+from slime_hydra.errors import SlimeHydraError, Stopped, raise_stopped
 from slime_hydra.files import make_dirs, write_file
 from slime_hydra.report.plots import plot_run, plot_sweep
 from slime_hydra.report.rundir import FailedJob, RunDir, failed_jobs, is_run_dir, sweep_jobs
@@ -60,15 +60,11 @@ def report(path: Path, out: Path | None = None) -> Report:
     return Report(written, failed, len(jobs) + len(failed))
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise Stopped(signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     """Parse the dirs and --out, write the plots, print their paths, then each sweep's failed
     jobs (as in failed_jobs.txt). SIGINT/SIGTERM stop it with one line, exit 130/143."""
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop)
+        signal.signal(signum, raise_stopped)
     try:
         _main(argv)
     except Stopped as exc:

@@ -1,6 +1,6 @@
 """How a worker stops: the launcher's SIGTERM (a peer failed, or the run was cancelled), or the
-terminal's Ctrl-C, which reaches every process of the foreground group, each worker as well as
-the job process, whose launcher then sends its own stop after it."""
+signal the job process got (a Ctrl-C reaches only the job process, whose launcher passes it on
+to the workers; under torchrun, every rank gets it)."""
 
 from __future__ import annotations
 
