@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from slime_hydra.errors import SlimeHydraError
@@ -74,3 +76,19 @@ def test_an_oversize_sample_is_an_error_or_alone() -> None:
     planned = plan_rollout([9, 1], ParallelLayout(), 8, oversize="isolate")
     assert sorted(planned.microbatches(0)[0]) == [[0], [1]]
     assert planned.metrics[0]["batch/oversize_samples"] == 1
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_plan_leaves_the_cycle_collector_as_it_found_it(enabled: bool) -> None:
+    # The collector is paused while a plan builds its lists; a refused plan (4 samples on
+    # dp=8) must not leave it off, nor turn it on where the caller had it off.
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        plan_rollout([5, 5, 5, 5], ParallelLayout(dp=1), 10)
+        assert gc.isenabled() is enabled
+        with pytest.raises(SlimeHydraError):
+            plan_rollout([5, 5, 5, 5], ParallelLayout(dp=8), 10)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
