@@ -38,6 +38,10 @@ from slime_hydra.partition.greedy import first_fit_decreasing
         # Eight 3s in 3 parts: three in some part below 9 would break T/3... k = 2 at T < 9
         # allows 6: so 9 (3 + 3 + 3), reached by 3, 3, 2 items.
         ([3] * 8, 3, 9),
+        # Mean 83, and the tests above pass at 83. At T = 85 Fekete and Schepers' u_8 counts
+        # the 39 and both 38s 4/8 each (9·38/85 > 4), the 21 and the 20 2/8, the 10 1/8:
+        # 17/8 > 2 parts. At 86 a 38 counts 3/8: 86, which {38, 38, 10}, {39, 21, 20} reach.
+        ([39, 38, 38, 21, 20, 10], 2, 86),
     ],
 )
 def test_hand_computed_bounds(weights, parts, bound):
