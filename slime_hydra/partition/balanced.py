@@ -28,7 +28,7 @@ import numpy as np
 
 from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
-from slime_hydra.partition.deal import descending
+from slime_hydra.partition.deal import ascending, descending
 from slime_hydra.partition.exchange import (
     Exchanges,
     apply_exchanges,
@@ -134,7 +134,7 @@ def _spilled(vals: np.ndarray, got: np.ndarray, load: np.ndarray) -> tuple[np.nd
 
 def _deal(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
     """Items `ids` (at most one per bin, heaviest first), heaviest to the lightest bin."""
-    to = np.argsort(load, kind="stable")[: ids.size]
+    to = ascending(load)[: ids.size]
     bin_of[ids] = to
     load[to] += vals
 
@@ -178,7 +178,7 @@ def largest_fit(vals: np.ndarray, room: np.ndarray) -> np.ndarray:
     left = np.arange(vals.size)
     step = np.arange(room.size)
     while left.size:
-        by_room = np.argsort(-room, kind="stable")
+        by_room = ascending(-room)
         want = np.searchsorted(vals[left], room[by_room], side="right") - 1
         pick = np.minimum.accumulate(want + step) - step
         fits = pick >= 0
@@ -198,7 +198,7 @@ def fit_rounds(sizes: np.ndarray, bins: int, cap: int) -> np.ndarray:
     the bins; every bin non-empty, over the cap only where items fitted nowhere: those go,
     largest first, to the roomiest bins (for `improve` to repair)."""
     n = len(sizes)
-    order = np.argsort(sizes, kind="stable")  # ascending
+    order = ascending(sizes)
     s = sizes[order]
     placed = np.empty(n, dtype=np.int64)
     placed[n - bins :] = np.arange(bins)[::-1]
@@ -219,7 +219,7 @@ def cut_to(bin_of: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:
     have = int(bin_of.max()) + 1
     load = np.bincount(bin_of, weights=sizes, minlength=have).astype(np.int64)
     keep = np.zeros(have, dtype=bool)
-    keep[np.argsort(load, kind="stable")[have - bins :]] = True
+    keep[ascending(load)[have - bins :]] = True
     out = np.where(keep[bin_of], (np.cumsum(keep) - 1)[bin_of], -1)
     left = np.flatnonzero(out < 0)
     left = left[descending(sizes[left])]

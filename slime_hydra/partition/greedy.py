@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from slime_hydra.partition.base import Parts
+from slime_hydra.partition.deal import ascending
 
 
 def first_fit(
@@ -51,7 +52,7 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
     higher index.
     """
     n = len(sizes)
-    order = np.argsort(sizes, kind="stable")
+    order = ascending(sizes)
     asc = sizes[order]
     # upto[v]: the highest position of an item of size <= v (position 0: "nothing left").
     upto = np.searchsorted(asc, np.arange(cap + 1), side="right").tolist()

@@ -6,13 +6,34 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition.deal import descending, split_even
+from slime_hydra.partition.deal import ascending, descending, split_even
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_descending_breaks_ties_by_index():
     assert descending(np.array([3, 5, 3, 5, 1])).tolist() == [1, 3, 0, 2, 4]
+
+
+def test_ascending_breaks_ties_by_index_across_the_radix_span():
+    # 70,000 - 1 spans more than 16 bits: the plain stable sort; 65,536 + 4 - 4 does not.
+    assert ascending(np.array([9, 70_000, 9, 1, 70_000])).tolist() == [3, 0, 2, 1, 4]
+    assert ascending(np.array([65_539, 4, 65_539, 4])).tolist() == [1, 3, 0, 2]
+    assert descending(np.array([65_539, 4, 65_539, 4])).tolist() == [0, 2, 1, 3]
+
+
+@PROPERTY
+@given(
+    st.lists(st.integers(-5, 5), min_size=1, max_size=300),
+    st.sampled_from([1, 1000, 1 << 15, 1 << 16, 1 << 40]),
+    st.integers(-(1 << 20), 1 << 20),
+)
+def test_the_orders_are_the_stable_sorts_whatever_the_span(steps, scale, offset):
+    # Values spread over spans below and above 16 bits, negative ones too: the 16-bit radix
+    # keys must give the same orders as a stable sort of the values themselves.
+    v = np.array(steps, dtype=np.int64) * scale + offset
+    assert ascending(v).tolist() == np.argsort(v, kind="stable").tolist()
+    assert descending(v).tolist() == np.lexsort((np.arange(v.size), -v)).tolist()
 
 
 @PROPERTY
