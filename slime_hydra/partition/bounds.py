@@ -14,40 +14,63 @@ For a candidate maximum T, any partition into `parts` parts of load <= T must sa
 A T failing any test is below the optimum. Beside them, without T: where n > k × parts items,
 some parts hold k + 1 or more (`_crowded_bound`). Feasibility grows with T (a bigger T only adds
 room), so the smallest T passing all tests, found by bisection, is a lower bound on the
-heaviest part of every partition; the tests are O(n log n) with numpy.
+heaviest part of every partition; after one sort the tests are O(distinct sizes) with numpy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 
-def _passes(desc: np.ndarray, prefix: np.ndarray, parts: int, t: int) -> bool:
-    """Whether `parts` parts of load <= t can pass the tests for items `desc` (descending),
-    `prefix` their inclusive cumulative sums."""
-    if desc[0] > t or prefix[-1] > parts * t:
+@dataclass(frozen=True)
+class _Items:
+    """Items by distinct size, largest first: each size, how many items have it, and the count
+    and total of the items of that size or more. Every test below binds at the last item of a
+    size, so it runs over the distinct sizes (at most the cap's, for token counts), not the
+    items."""
+
+    values: np.ndarray
+    counts: np.ndarray
+    cum_count: np.ndarray
+    cum_total: np.ndarray
+
+    @classmethod
+    def of(cls, desc: np.ndarray) -> _Items:
+        """From the items sorted largest first."""
+        last = np.flatnonzero(np.append(desc[1:] != desc[:-1], True))
+        cum_count = last + 1
+        counts = np.diff(cum_count, prepend=0)
+        return cls(desc[last], counts, cum_count, np.cumsum(desc)[last])
+
+
+def _passes(items: _Items, parts: int, t: int) -> bool:
+    """Whether `parts` parts of load <= t can pass the tests for `items`."""
+    values, cum_total = items.values, items.cum_total
+    if values[0] > t or cum_total[-1] > parts * t:
         return False
-    if not _few_per_part(desc, parts, t):
+    if not _few_per_part(items, parts, t):
         return False
-    nbig = int(np.searchsorted(-2 * desc, -t, side="left"))  # items with 2w > t
-    small = desc[nbig:]
-    if small.size == 0:
+    b = int(np.searchsorted(-2 * values, -t, side="left"))  # sizes with 2w > t
+    if b == values.size:
         return True
-    rooms = t - desc[:nbig]  # ascending room left beside each big item
-    room_suffix = np.concatenate((np.cumsum(rooms[::-1])[::-1], [0]))
-    demand = prefix[nbig:] - (prefix[nbig - 1] if nbig else 0)
-    fits = room_suffix[np.searchsorted(rooms, small, side="left")]
+    nbig = int(items.cum_count[b - 1]) if b else 0
+    rooms = t - values[:b]  # ascending room left beside each big item, one per size
+    held = items.counts[:b] * rooms
+    room_suffix = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
+    demand = cum_total[b:] - (int(cum_total[b - 1]) if b else 0)
+    fits = room_suffix[np.searchsorted(rooms, values[b:], side="left")]
     supply = (parts - nbig) * t + fits
     return bool((demand <= supply).all())
 
 
-def _few_per_part(desc: np.ndarray, parts: int, t: int) -> bool:
-    """Whether, for every k, at most k × parts items (of `desc`, descending, each <= t) are
-    over t/(k+1). The j+1 largest items are all over t/(k+1) for k = ⌊t / desc[j]⌋ (the least
-    such k), so checking j + 1 <= ⌊t / desc[j]⌋ × parts for every j checks every k."""
-    return bool((np.arange(1, desc.size + 1) <= (t // desc) * parts).all())
+def _few_per_part(items: _Items, parts: int, t: int) -> bool:
+    """Whether, for every k, at most k × parts items (each <= t) are over t/(k+1). The j+1
+    largest items are all over t/(k+1) for k = ⌊t / (the j+1-th largest)⌋ (the least such k),
+    so checking j + 1 <= that k × parts at the last item of every size checks every k."""
+    return bool((items.cum_count <= (t // items.values) * parts).all())
 
 
 def _crowded_bound(asc_prefix: np.ndarray, parts: int) -> int:
@@ -82,20 +105,21 @@ def max_part_lower_bound(
         return 0
     if parts < 1:
         raise ValueError(f"max_part_lower_bound needs parts >= 1, got {parts}")
-    desc = np.sort(np.asarray(weights, dtype=np.int64))[::-1]
-    prefix = np.cumsum(desc)
-    asc_prefix = np.concatenate(([0], np.cumsum(desc[::-1])))
-    lo = max(int(desc[0]), -(-int(prefix[-1]) // parts), _crowded_bound(asc_prefix, parts))
+    asc = np.sort(np.asarray(weights, dtype=np.int64))
+    items = _Items.of(asc[::-1])
+    asc_prefix = np.concatenate(([0], np.cumsum(asc)))
+    total = int(asc_prefix[-1])
+    lo = max(int(asc[-1]), -(-total // parts), _crowded_bound(asc_prefix, parts))
     # ⌈n / parts⌉ items of the largest size in every part is a partition: all tests pass.
-    reachable = -(-desc.size // parts) * int(desc[0])
+    reachable = -(-asc.size // parts) * int(asc[-1])
     hi = max(lo, reachable if upper is None else int(upper))
-    if not _passes(desc, prefix, parts, hi):  # only if `upper` was not reachable
+    if not _passes(items, parts, hi):  # only if `upper` was not reachable
         hi = max(hi, reachable)
-    lo = _least_passing(lambda t: _passes(desc, prefix, parts, t), lo, hi, rel_tol)
-    values, counts = np.unique(desc, return_counts=True)
+    lo = _least_passing(lambda t: _passes(items, parts, t), lo, hi, rel_tol)
+    values, counts = items.values[::-1], items.counts[::-1]
     if lo < hi and not _dual_feasible(values, counts, parts, lo):  # rarely binds: tried last
         lo = _least_passing(
-            lambda t: _passes(desc, prefix, parts, t) and _dual_feasible(values, counts, parts, t),
+            lambda t: _passes(items, parts, t) and _dual_feasible(values, counts, parts, t),
             lo + 1,
             hi,
             rel_tol,
