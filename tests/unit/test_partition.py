@@ -57,8 +57,21 @@ def test_first_fit_decreasing_by_hand():
     assert first_fit_decreasing(np.array([3, 7, 5, 4, 6]), 10).tolist() == [0, 0, 2, 1, 1]
 
 
+def test_first_fit_decreasing_repeats_a_bin_while_its_sizes_last():
+    # Bin 0 is {6, 4} (the 6 and the 4 of highest index); bins 1 and 2 repeat it from the
+    # items left; then the 3s: {3, 3, 3} and {3}.
+    sizes = np.array([6, 6, 6, 4, 4, 4, 3, 3, 3, 3])
+    assert first_fit_decreasing(sizes, 10).tolist() == [2, 1, 0, 2, 1, 0, 4, 3, 3, 3]
+
+
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(1, 100), min_size=1, max_size=200), st.integers(100, 250))
+@given(
+    st.one_of(
+        st.lists(st.integers(1, 100), min_size=1, max_size=200),
+        st.lists(st.integers(20, 45), min_size=1, max_size=300),  # few sizes: bins repeat
+    ),
+    st.integers(100, 250),
+)
 def test_first_fit_decreasing_is_first_fit_on_the_items_heaviest_first(sizes, cap):
     order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], -i))
     expected = first_fit(sizes, cap, order)
