@@ -148,9 +148,10 @@ and 8 missed three steps."""
 def _dual_feasible(values: np.ndarray, counts: np.ndarray, parts: int, t: int) -> bool:
     """Whether the items (`counts` of each of `values`, all <= t) pass Fekete and Schepers'
     dual feasible functions: with x = size / t, u_k(x) = x where (k+1)·x is whole, else
-    ⌊(k+1)·x⌋ / k. In a part of load <= t (x-sum <= 1) the items with (k+1)·x whole add up to
-    j / (k+1) for some integer j, and the others' ⌊(k+1)·x⌋, each below (k+1)·x, to at most
-    k - j: the part's u_k-sum is at most j/(k+1) + (k-j)/k <= 1, so the items' is at most
+    ⌊(k+1)·x⌋ / k. In a part of load <= t (x-sum <= 1) the items with (k+1)·x whole have an
+    x-sum j / (k+1) for some integer j; the others' ⌊(k+1)·x⌋, each below (k+1)·x, add up to
+    less than k + 1 - j, so to at most k - j where there are any, and the part's u_k-sum is at
+    most j/(k+1) + (k-j)/k <= 1 (its x-sum where there are none): so the items' is at most
     `parts`. Two items just over t/3 and nothing else of t/7 or more fill a part under u_6,
     which the tests above cannot see."""
     return bool((_dual_sums(values, counts, t) <= parts * DUAL_ORDERS * t).all())
