@@ -15,6 +15,9 @@ import numpy as np
 
 LPT_ROUNDS = 256  # rounds dealt lightest-first at the end; earlier ones in snake order
 SWAP_ROUNDS = 64  # swaps between the heaviest and the lightest group, at most
+RADIX_SPAN = 1 << 16
+"""Integers spanning fewer values than this sort as 16-bit keys, which numpy's stable sort
+orders by radix: 10 ms against 75-80 ms for 1M token counts as int64."""
 
 
 def ascending(values: np.ndarray) -> np.ndarray:
@@ -40,11 +43,6 @@ def descending(weights: np.ndarray) -> np.ndarray:
         if (top - low + 1) * n < (1 << 62):
             return np.argsort((top - weights.astype(np.int64)) * n + np.arange(n))
     return np.lexsort((np.arange(n), -weights))
-
-
-RADIX_SPAN = 1 << 16
-"""Integers spanning fewer values than this sort as 16-bit keys, which numpy's stable sort
-orders by radix: 10 ms against 75-80 ms for 1M token counts as int64."""
 
 
 def split_even(weights: np.ndarray, groups: int, tolerance: float = 0.0) -> np.ndarray:
