@@ -116,10 +116,9 @@ def max_part_lower_bound(
     if not _passes(items, parts, hi):  # only if `upper` was not reachable
         hi = max(hi, reachable)
     lo = _least_passing(lambda t: _passes(items, parts, t), lo, hi, rel_tol)
-    values, counts = items.values[::-1], items.counts[::-1]
-    if lo < hi and not _dual_feasible(values, counts, parts, lo):  # rarely binds: tried last
+    if lo < hi and not _dual_feasible(items, parts, lo):  # rarely binds: tried last
         lo = _least_passing(
-            lambda t: _passes(items, parts, t) and _dual_feasible(values, counts, parts, t),
+            lambda t: _passes(items, parts, t) and _dual_feasible(items, parts, t),
             lo + 1,
             hi,
             rel_tol,
@@ -145,21 +144,21 @@ cases of 4 fresh seeds of bench_planner's families up to 64 raised no bound that
 and 8 missed three steps."""
 
 
-def _dual_feasible(values: np.ndarray, counts: np.ndarray, parts: int, t: int) -> bool:
-    """Whether the items (`counts` of each of `values`, all <= t) pass Fekete and Schepers'
-    dual feasible functions: with x = size / t, u_k(x) = x where (k+1)·x is whole, else
-    ⌊(k+1)·x⌋ / k. In a part of load <= t (x-sum <= 1) the items with (k+1)·x whole have an
-    x-sum j / (k+1) for some integer j; the others' ⌊(k+1)·x⌋, each below (k+1)·x, add up to
-    less than k + 1 - j, so to at most k - j where there are any, and the part's u_k-sum is at
-    most j/(k+1) + (k-j)/k <= 1 (its x-sum where there are none): so the items' is at most
-    `parts`. Two items just over t/3 and nothing else of t/7 or more fill a part under u_6,
-    which the tests above cannot see."""
-    return bool((_dual_sums(values, counts, t) <= parts * DUAL_ORDERS * t).all())
+def _dual_feasible(items: _Items, parts: int, t: int) -> bool:
+    """Whether `items` (all <= t) pass Fekete and Schepers' dual feasible functions: with
+    x = size / t, u_k(x) = x where (k+1)·x is whole, else ⌊(k+1)·x⌋ / k. In a part of load
+    <= t (x-sum <= 1) the items with (k+1)·x whole have an x-sum j / (k+1) for some integer j;
+    the others' ⌊(k+1)·x⌋, each below (k+1)·x, add up to less than k + 1 - j, so to at most
+    k - j where there are any, and the part's u_k-sum is at most j/(k+1) + (k-j)/k <= 1 (its
+    x-sum where there are none): so the items' is at most `parts`. Two items just over t/3 and
+    nothing else of t/7 or more fill a part under u_6, which the tests above cannot see."""
+    return bool((_dual_sums(items, t) <= parts * DUAL_ORDERS * t).all())
 
 
-def _dual_sums(values: np.ndarray, counts: np.ndarray, t: int) -> np.ndarray:
+def _dual_sums(items: _Items, t: int) -> np.ndarray:
     """For each k of DUAL_ORDERS, the items' u_k-sum (see `_dual_feasible`) scaled by k·t to an
     integer."""
+    values, counts = items.values, items.counts
     k = DUAL_ORDERS[:, None]
     q = (k + 1) * values[None, :]
     whole = q // t
@@ -206,5 +205,5 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     # A bin holds at most k items over cap/(k+1), k = ⌊cap / size⌋ for the j+1 largest items.
     per_bin = -(-np.arange(1, w.size + 1) // (cap // desc))
     # A bin's u_k-sum is at most 1 (`_dual_feasible` at t = cap): as many bins as the items'.
-    dual = -(-_dual_sums(*np.unique(w, return_counts=True), cap) // (DUAL_ORDERS * cap))
+    dual = -(-_dual_sums(_Items.of(desc), cap) // (DUAL_ORDERS * cap))
     return int(max((big.size + extra).max(), per_bin.max(), dual.max(initial=0)))
