@@ -59,14 +59,21 @@ def check_inside(path: Path, root: Path, key: str = "hydra.run.dir") -> None:
             )
 
 
+FOREIGN_DIRS = ("wandb",)
+"""Dirs of a run dir that another library fills: wandb links its `latest-run`, `debug.log` and
+saved files to its own offline runs there, and a rerun or resume must accept them. The dir
+itself may not be a link; what we write inside (`wandb/run_id`) goes through `check_inside`."""
+
+
 def refuse_links(root: Path, key: str = "hydra.run.dir") -> None:
-    """Refuse a run (or sweep) dir holding a symlink anywhere: a link planted there (as `.lock`,
-    `config.yaml`, `checkpoints`, a sweep's `multirun.yaml`) would redirect a write outside the
-    dir."""
+    """Refuse a run (or sweep) dir holding a symlink anywhere outside FOREIGN_DIRS: a link
+    planted there (as `.lock`, `config.yaml`, `checkpoints`, a sweep's `multirun.yaml`) would
+    redirect a write outside the dir."""
     for where, dirs, names in os.walk(root):
         for name in sorted(dirs + names):
             if _is_link(Path(where) / name):
                 check_inside(Path(where) / name, Path(root), key)
+        dirs[:] = [name for name in dirs if name not in FOREIGN_DIRS]
 
 
 def file_in_the_way(path: Path) -> Path | None:

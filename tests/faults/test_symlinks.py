@@ -43,6 +43,7 @@ PLANTS = {
     "metrics.jsonl": "metrics",
     ".hydra": "dir",
     "checkpoints": "dir",
+    "wandb": "dir",  # wandb's links inside it are accepted, the dir itself may not be one
 }
 
 

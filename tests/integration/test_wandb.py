@@ -163,16 +163,14 @@ def test_an_invalid_mode_warns_once_and_drops_wandb(tmp_path: Path, caplog) -> N
     assert not (tmp_path / "wandb").exists()
 
 
-def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tmp_path: Path):
-    run_dir = tmp_path / "run"
-    small = [o for o in SMALL if not o.startswith("logger=")]  # this test logs to wandb
+def train_with_wandb(tmp_path: Path, *overrides: str) -> None:
+    """trainer=cpu on SMALL into tmp_path/run, logging to wandb offline; must succeed."""
+    small = [o for o in SMALL if not o.startswith("logger=")]
     base = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     out = subprocess.run(
         [
-            *(sys.executable, "-W", "ignore", "-m", "slime_hydra", f"hydra.run.dir={run_dir}"),
-            *small,
-            *("logger=wandb", "trainer.max_restarts=1", "trainer.save_interval=2"),
-            "trainer.fail_at_step=3",
+            *(sys.executable, "-W", "ignore", "-m", "slime_hydra"),
+            *(f"hydra.run.dir={tmp_path / 'run'}", *small, "logger=wandb", *overrides),
         ],
         cwd=Path(__file__).resolve().parents[2],
         env={**base, "WANDB_DIR": str(tmp_path / "wandb_home"), "WANDB_MODE": "offline"},
@@ -181,6 +179,25 @@ def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tm
         timeout=400,
     )
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+
+
+def test_a_resumed_run_accepts_wandb_links_and_logs_to_the_same_run(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    train_with_wandb(tmp_path, "trainer.max_steps=2")
+    # wandb's own relative links (latest-run, debug.log) are what the resume used to refuse.
+    assert (run_dir / "wandb/latest-run").is_symlink()
+    train_with_wandb(tmp_path, "trainer.resume=true")
+    runs = [read_run(path) for path in wandb_files(run_dir)]  # named by start time
+    assert {r.run_id for r in runs} == {(run_dir / "wandb/run_id").read_text().strip()}
+    assert [[row["step"] for row in step_rows(r)] for r in runs] == [[1, 2], [3, 4]]
+    assert [r["step"] for r in metrics_rows(run_dir)] == [1, 2, 3, 4]
+
+
+def test_an_elastic_restart_logs_to_the_same_wandb_run_without_missing_a_step(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    train_with_wandb(
+        tmp_path, "trainer.max_restarts=1", "trainer.save_interval=2", "trainer.fail_at_step=3"
+    )
     runs = [read_run(path) for path in wandb_files(run_dir)]
     assert len(runs) == 2  # one offline dir per attempt (`wandb sync --append` joins them)
     # A killed attempt's file may end before its run record; every id read is the stored one.
