@@ -177,6 +177,16 @@ def report(results: Sequence[Result]) -> None:
             f"  {r.case.describe()}: {r.plan_ms:.1f} ms, {r.ms_per_1k:.2f}/1k, "
             f"{r.plan_ms / r.first_fit_ms:.3f}× first-fit, ±{r.spread:.0%}"
         )
+    behind = sorted(
+        (r for r in results if r.case.global_batch_size >= 2048),
+        key=lambda r: -r.plan_ms / r.first_fit_ms,
+    )[:3]
+    print("slowest against first-fit at >= 2k samples (plan / first-fit):")
+    for r in behind:
+        print(
+            f"  {r.case.describe()}: {r.plan_ms:.1f} ms against {r.first_fit_ms:.1f} ms, "
+            f"{r.plan_ms / r.first_fit_ms:.3f}×"
+        )
     off = sorted(results, key=lambda r: -r.quality)[:3]
     print("farthest from the bound (largest micro-batch / batch/mb_tokens_lb, K over K_lb):")
     for r in off:

@@ -75,7 +75,7 @@ class BatchingStrategy(ABC):
     ) -> Schedule:
         """The Schedule of a rollout: steps cut from whole groups, each planned for all ranks."""
         with _collector_paused():
-            lengths = [int(n) for n in lengths]
+            lengths = list(map(int, lengths))
             steps = []
             for s, samples in enumerate(split_steps(group_ids, self.global_batch_size, step_ids)):
                 self.check_step_size(len(samples), s)

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition.deal import ascending, descending, split_even
+from slime_hydra.partition.deal import ascending, descending, sort_values, split_even
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -20,6 +20,8 @@ def test_ascending_breaks_ties_by_index_across_the_radix_span():
     assert ascending(np.array([9, 70_000, 9, 1, 70_000])).tolist() == [3, 0, 2, 1, 4]
     assert ascending(np.array([65_539, 4, 65_539, 4])).tolist() == [1, 3, 0, 2]
     assert descending(np.array([65_539, 4, 65_539, 4])).tolist() == [0, 2, 1, 3]
+    assert sort_values(np.array([65_539, 4, 65_539, 4])).tolist() == [4, 4, 65_539, 65_539]
+    assert sort_values(np.array([70_000, -2, 9])).tolist() == [-2, 9, 70_000]
 
 
 @PROPERTY
@@ -34,6 +36,7 @@ def test_the_orders_are_the_stable_sorts_whatever_the_span(steps, scale, offset)
     v = np.array(steps, dtype=np.int64) * scale + offset
     assert ascending(v).tolist() == np.argsort(v, kind="stable").tolist()
     assert descending(v).tolist() == np.lexsort((np.arange(v.size), -v)).tolist()
+    assert sort_values(v).tolist() == sorted(v.tolist())
 
 
 @PROPERTY
