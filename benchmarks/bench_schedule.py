@@ -178,14 +178,11 @@ def run_case(trace: str, dp: int, vpp: int, cap: int, n: int, seed: int) -> Case
     else:
         lengths = truncation_lengths(n, cap, seed)
     samples = list(range(n))
-    planners: dict[str, Callable[[], list]] = {
-        "ours": partial(DynamicBatching(layout, None, cap).plan_step, lengths, samples, 0),
-        "ours_flops": partial(
-            DynamicBatching(layout, None, cap, balance="flops", flops_coefficients=FLOPS).plan_step,
-            lengths,
-            samples,
-            0,
-        ),
+    flops = DynamicBatching(layout, None, cap, balance="flops", flops_coefficients=FLOPS)
+    planners: dict[str, Callable[[], Sequence]] = {
+        # Their nested lists, as the others return them.
+        "ours": lambda: DynamicBatching(layout, None, cap).plan_step(lengths, samples, 0).ranks,
+        "ours_flops": lambda: flops.plan_step(lengths, samples, 0).ranks,
         "slime_pf": partial(pack_first, lengths, samples, dp, cap, align),
         "verl": partial(verl_rearrange, lengths, samples, dp, cap, align),
     }

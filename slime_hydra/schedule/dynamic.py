@@ -42,8 +42,9 @@ from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
+from slime_hydra.schedule.schedule import StepSchedule
 from slime_hydra.schedule.steptime import StepCost, bin_seconds, fastest_order, simulate_seconds
-from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
+from slime_hydra.schedule.strategy import BatchingStrategy, where
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
 
@@ -153,7 +154,7 @@ class DynamicBatching(BatchingStrategy):
     def isolates_oversize(self) -> bool:
         return self.oversize is Oversize.isolate
 
-    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
+    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> StepSchedule:
         cap = self.cap
         assert cap is not None
         sizes = np.fromiter(map(lengths.__getitem__, samples), dtype=np.int64, count=len(samples))
@@ -175,7 +176,7 @@ class DynamicBatching(BatchingStrategy):
         k, bin_of = found
         if self.count is Count.fastest:
             k, bin_of = self._fastest(sizes, weights, k, bin_of)
-        return _nested(bin_of, np.asarray(samples, dtype=np.int64), dp, k)
+        return StepSchedule.of_bins(step, bin_of, np.asarray(samples, dtype=np.int64), dp, k)
 
     @property
     def _budget(self) -> tuple[int, int]:
@@ -286,12 +287,3 @@ class DynamicBatching(BatchingStrategy):
             f"the cap of {self.cap} tokens); raise batching.global_batch_size, or lower "
             "parallel.dp or parallel.microbatch_group_size_per_vp_stage."
         )
-
-
-def _nested(bin_of: np.ndarray, ids: np.ndarray, dp: int, k: int) -> RankMicrobatches:
-    """Per rank, per micro-batch, the global ids (ascending) of the samples in each bin."""
-    span = int(ids.max()) + 1 if ids.size else 1
-    members = (np.sort(bin_of * span + ids) % span).tolist()  # by bin, then id: one sort
-    ends = np.cumsum(np.bincount(bin_of, minlength=dp * k)).tolist()
-    mbs = [members[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-    return [mbs[r * k : (r + 1) * k] for r in range(dp)]

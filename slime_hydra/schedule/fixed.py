@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import karmarkar_karp
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.strategy import BatchingStrategy, RankMicrobatches, where
+from slime_hydra.schedule.schedule import StepSchedule
+from slime_hydra.schedule.strategy import BatchingStrategy, where
 
 
 class FixedBatching(BatchingStrategy):
@@ -57,11 +58,11 @@ class FixedBatching(BatchingStrategy):
                 "batching.global_batch_size, or use batching=dynamic."
             )
 
-    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
+    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> StepSchedule:
         k = len(samples) // self.layout.dp // self.micro_batch_size
         ranks = []
         for part in karmarkar_karp([lengths[i] for i in samples], self.layout.dp, equal_size=True):
             ids = [samples[j] for j in part]
             micro = karmarkar_karp([lengths[i] for i in ids], k, equal_size=True)
             ranks.append([[ids[j] for j in mb] for mb in micro])
-        return ranks
+        return StepSchedule.build(step, ranks)

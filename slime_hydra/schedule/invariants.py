@@ -32,9 +32,9 @@ def violations(
     members: list[np.ndarray] = []
     for st in schedule.steps:
         at = f"step {step_number(st.step)}"
-        if len(st.ranks) != layout.dp:
-            found.append(f"{at}: {len(st.ranks)} DP ranks, expected {layout.dp}")
-        ks = {len(rank) for rank in st.ranks}
+        if len(st.mbs_per_rank) != layout.dp:
+            found.append(f"{at}: {len(st.mbs_per_rank)} DP ranks, expected {layout.dp}")
+        ks = set(st.mbs_per_rank)
         if len(ks) > 1:
             found.append(f"{at}: ranks disagree on the micro-batch count: {sorted(ks)}")
         k = st.num_microbatches
@@ -45,7 +45,7 @@ def violations(
         counts, samples = st.flat()
         counts_of.append(counts)
         members.append(samples)
-        place.extend((st.step, r, m) for r, rank in enumerate(st.ranks) for m in range(len(rank)))
+        place.extend((st.step, r, m) for r, k_r in enumerate(st.mbs_per_rank) for m in range(k_r))
     counts = np.concatenate(counts_of) if counts_of else np.zeros(0, dtype=np.int64)
     samples = np.concatenate(members) if members else np.zeros(0, dtype=np.int64)
     mb_of = np.repeat(np.arange(counts.size), counts)

@@ -87,9 +87,11 @@ class SlimeLegacyBatching(BatchingStrategy):
         ]
         return Schedule(lengths=tuple(lengths), cap=self.cap, steps=tuple(steps))
 
-    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
+    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> StepSchedule:
         """`samples` planned as a rollout of one step."""
-        return self._plan_rollout(lengths, samples, len(samples), step)[0][0]
+        return StepSchedule.build(
+            step, self._plan_rollout(lengths, samples, len(samples), step)[0][0]
+        )
 
     def _crash(self, step: int | None, what: str) -> SlimeHydraError:
         return SlimeHydraError(

@@ -52,9 +52,10 @@ def step_metrics(
     mb_of = np.repeat(np.arange(counts.size), counts)
     mb_tokens = np.bincount(mb_of, weights=step_lengths, minlength=counts.size).astype(np.int64)
     mb_flops = np.bincount(mb_of, weights=flops, minlength=counts.size)
-    rank_of_mb = np.repeat(np.arange(len(step.ranks)), [len(rank) for rank in step.ranks])
-    rank_tokens = np.bincount(rank_of_mb, weights=mb_tokens, minlength=len(step.ranks))
-    rank_flops = np.bincount(rank_of_mb, weights=mb_flops, minlength=len(step.ranks))
+    dp = len(step.mbs_per_rank)
+    rank_of_mb = np.repeat(np.arange(dp), step.mbs_per_rank)
+    rank_tokens = np.bincount(rank_of_mb, weights=mb_tokens, minlength=dp)
+    rank_flops = np.bincount(rank_of_mb, weights=mb_flops, minlength=dp)
     k = step.num_microbatches
     if cap is None:
         lower_bound, utilization, violations, oversize = k, None, 0, 0

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from functools import cached_property
+from itertools import accumulate, chain
 from typing import Any
 
 import numpy as np
@@ -34,32 +35,35 @@ def step_index(step: int) -> int:
 
 @dataclass(frozen=True)
 class StepSchedule:
-    """One optimizer step: `ranks[r][m]` is micro-batch m of DP rank r."""
+    """One optimizer step, held flat (a million samples make one tuple, not a hundred thousand):
+    DP rank r has `mbs_per_rank[r]` micro-batches; micro-batch after micro-batch, rank by rank,
+    each holds the next `samples_per_mb` entries of `samples` (ascending within it).
+    `ranks[r][m]` is micro-batch m of DP rank r."""
 
     step: int
-    ranks: tuple[tuple[Microbatch, ...], ...]
+    mbs_per_rank: tuple[int, ...]
+    samples_per_mb: tuple[int, ...]
+    samples: tuple[int, ...]
+    """Every sample index of the step, in schedule order."""
     plan_ms: float = 0.0
 
     @property
     def num_microbatches(self) -> int:
         """Micro-batches per DP rank (the count of rank 0; invariants check the others)."""
-        return len(self.ranks[0]) if self.ranks else 0
+        return self.mbs_per_rank[0] if self.mbs_per_rank else 0
 
-    @property
-    def samples(self) -> list[int]:
-        """Every sample index of the step, in schedule order."""
-        return [i for rank in self.ranks for mb in rank for i in mb]
+    @cached_property
+    def ranks(self) -> tuple[tuple[Microbatch, ...], ...]:
+        """`ranks[r][m]`: the samples of micro-batch m of DP rank r."""
+        ends = list(accumulate(self.samples_per_mb))
+        mbs = [self.samples[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        last = list(accumulate(self.mbs_per_rank))
+        return tuple(tuple(mbs[a:b]) for a, b in zip([0, *last[:-1]], last, strict=True))
 
     def flat(self) -> tuple[np.ndarray, np.ndarray]:
         """The samples of each micro-batch as arrays: how many each micro-batch holds (rank by
         rank, micro-batch by micro-batch) and the samples in that order."""
-        counts = np.fromiter((len(mb) for rank in self.ranks for mb in rank), dtype=np.int64)
-        samples = np.fromiter(
-            chain.from_iterable(chain.from_iterable(self.ranks)),
-            dtype=np.int64,
-            count=int(counts.sum()),
-        )
-        return counts, samples
+        return np.array(self.samples_per_mb, dtype=np.int64), np.array(self.samples, dtype=np.int64)
 
     def microbatch_tokens(self, lengths: Sequence[int]) -> list[list[int]]:
         """Tokens of each micro-batch of each DP rank: `tokens[rank][microbatch]`."""
@@ -69,9 +73,31 @@ class StepSchedule:
     def build(
         cls, step: int, ranks: Sequence[Sequence[Sequence[int]]], plan_ms: float = 0.0
     ) -> StepSchedule:
-        """Freeze nested lists, sorting each micro-batch's samples for determinism."""
-        frozen = tuple(tuple(tuple(sorted(mb)) for mb in rank) for rank in ranks)
-        return cls(step=step, ranks=frozen, plan_ms=plan_ms)
+        """From nested lists (`ranks[r][m]`), sorting each micro-batch's samples for
+        determinism."""
+        mbs = [sorted(mb) for rank in ranks for mb in rank]
+        return cls(
+            step=step,
+            mbs_per_rank=tuple(len(rank) for rank in ranks),
+            samples_per_mb=tuple(len(mb) for mb in mbs),
+            samples=tuple(chain.from_iterable(mbs)),
+            plan_ms=plan_ms,
+        )
+
+    @classmethod
+    def of_bins(
+        cls, step: int, bin_of: np.ndarray, ids: np.ndarray, dp: int, k: int
+    ) -> StepSchedule:
+        """Sample ids[j] in micro-batch bin_of[j] (rank r's m-th is bin r·k + m), each
+        micro-batch's samples ascending: one sort, no nested lists."""
+        span = int(ids.max()) + 1 if ids.size else 1
+        members = np.sort(bin_of * span + ids) % span  # by bin, then id
+        return cls(
+            step=step,
+            mbs_per_rank=(k,) * dp,
+            samples_per_mb=tuple(np.bincount(bin_of, minlength=dp * k).tolist()),
+            samples=tuple(members.tolist()),
+        )
 
 
 @dataclass(frozen=True)

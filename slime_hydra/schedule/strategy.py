@@ -7,6 +7,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule.layout import ParallelLayout
@@ -80,13 +81,13 @@ class BatchingStrategy(ABC):
             for s, samples in enumerate(split_steps(group_ids, self.global_batch_size, step_ids)):
                 self.check_step_size(len(samples), s)
                 start = time.perf_counter()
-                ranks = self.plan_step(lengths, samples, s)
-                steps.append(StepSchedule.build(s, ranks, (time.perf_counter() - start) * 1e3))
+                planned = self.plan_step(lengths, samples, s)
+                steps.append(replace(planned, plan_ms=(time.perf_counter() - start) * 1e3))
             return Schedule(lengths=tuple(lengths), cap=self.cap, steps=tuple(steps))
 
     @abstractmethod
-    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> RankMicrobatches:
-        """Micro-batches (global sample indices) of each DP rank for one step's samples."""
+    def plan_step(self, lengths: Sequence[int], samples: list[int], step: int) -> StepSchedule:
+        """Step `step`'s micro-batches (global sample indices) of each DP rank."""
 
 
 @contextmanager

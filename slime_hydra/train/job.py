@@ -37,11 +37,10 @@ def plan_steps(
     planned = []
     for step in schedule.steps:
         counts, samples = step.flat()
-        per_rank = [len(rank) for rank in step.ranks]
         planned.append(
             PlannedStep(
                 step_metrics(step, lengths, schedule.cap, layout, coefficients),
-                simulate_flat(every[samples], counts, per_rank, layout, cost),
+                simulate_flat(every[samples], counts, list(step.mbs_per_rank), layout, cost),
             )
         )
     return tuple(planned)
