@@ -314,8 +314,8 @@ def _passes(
 ) -> bool:
     """Exchange passes on `values` until every open bin is at most `goal` (True), or no pair
     can improve or the work is spent (False); each pass takes only the pairs the work left pays
-    for. In repair a bin of one item is done, and a repair stops where the work left cannot
-    remove the excess at its last pass's rate (`_hopeless`)."""
+    for. In repair a bin of one item is done. Both stop where the work left cannot remove the
+    excess over `goal` at the last pass's rate (`_hopeless`)."""
     load = state.load(values)
     n = len(state.bin_of)
     movable = np.ones(n, dtype=bool)
@@ -343,7 +343,7 @@ def _passes(
         if paid == 0:
             return False
         heavy, light = heavy[:paid], light[:paid]
-        excess = int((load[over] - cap).sum()) if repair else 0
+        excess = float((load[over] - goal).sum())
         spent = work.spent
         gap = load[heavy] - load[light]
         room = cap - load[light] if repair else gap
@@ -352,7 +352,7 @@ def _passes(
         top_moved = bool((ex.heavy == heavy[0]).any())
         if ex.give.size:
             state.apply(ex)
-            if repair and _hopeless(state, cap, excess, work, work.spent - spent):
+            if _hopeless(load[over], goal, excess, work, work.spent - spent):
                 return False
         if top_moved:
             stalled = 0
@@ -363,14 +363,14 @@ def _passes(
                 return False
 
 
-def _hopeless(state: _State, cap: int, excess: int, work: Work, cost: int) -> bool:
-    """Whether a repair cannot end within its budget at the rate of the pass just made, which
-    cost `cost` visits and started from `excess` tokens over the cap: the budget left, spent at
-    that rate, removes less than the excess left. Passes only slow down as the easy exchanges
-    are made, so this stops a repair of a count that it cannot pack after a few passes, not
-    after its whole budget."""
-    over = state.counts > 1
-    left = int(np.maximum(state.size_load[over] - cap, 0).sum())
+def _hopeless(was_over: np.ndarray, goal: float, excess: float, work: Work, cost: int) -> bool:
+    """Whether the passes cannot end within their budget at the rate of the pass just made,
+    which cost `cost` visits and started from `excess` over `goal` in the bins whose loads are
+    now `was_over`: the budget left, spent at that rate, removes less than the excess left.
+    Passes only slow down as the easy exchanges are made, so this stops a repair of a count
+    that it cannot pack, or balancing that cannot reach its goal (a step of full bins), after
+    a few passes, not after its whole budget."""
+    left = float(np.maximum(was_over - goal, 0).sum())
     cut = excess - left
     return cut > 0 and left * cost > cut * (work.budget - work.spent)
 

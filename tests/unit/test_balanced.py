@@ -219,13 +219,31 @@ def test_a_packing_keeps_its_invariants_and_its_budget(case, budget):
 
 def test_a_repair_stops_where_the_budget_left_cannot_remove_the_excess_at_its_rate():
     # Bins {6, 6}, {11}, {3, 2} under a cap of 10: 2 over it where two items share a bin (the
-    # lone 11 cannot be repaired). A pass that cost 100 visits took the excess from 6 to 2, so
-    # 2 more need 50 visits at its rate.
-    sizes = np.array([6, 6, 11, 3, 2])
-    state = balanced._State.of(np.array([0, 0, 1, 2, 2]), sizes, sizes, 3)
-    assert not balanced._hopeless(state, 10, 6, Work(150, spent=100), 100)  # 50 left
-    assert balanced._hopeless(state, 10, 6, Work(149, spent=100), 100)  # 49 left
-    assert not balanced._hopeless(state, 10, 2, Work(100, spent=100), 100)  # no cut: no rate
+    # lone 11 is not repaired, so its bin is not among those over). A pass that cost 100 visits
+    # took the excess from 6 to 2, so 2 more need 50 visits at its rate.
+    was_over = np.array([12])
+    assert not balanced._hopeless(was_over, 10, 6, Work(150, spent=100), 100)  # 50 left
+    assert balanced._hopeless(was_over, 10, 6, Work(149, spent=100), 100)  # 49 left
+    assert not balanced._hopeless(was_over, 10, 2, Work(100, spent=100), 100)  # no cut: no rate
+
+
+def test_balancing_that_cannot_reach_its_goal_stops_after_a_pass_not_its_budget():
+    # 1,000 bins of ten 10s and 10 bins of one: every full bin must lose a 10 to get below
+    # 99.5, which the 10 light ones cannot take. Each pass lowers 10 bins; at that rate half
+    # the budget the whole run spends is not enough, so it stops at once (it spent 38,305 of
+    # 38,974 visits before); nothing got heavier.
+    def full_bins() -> tuple[np.ndarray, np.ndarray]:
+        sizes = np.full(10_010, 10, dtype=np.int64)
+        return np.concatenate((np.repeat(np.arange(1000), 10), 1000 + np.arange(10))), sizes
+
+    bin_of, sizes = full_bins()
+    whole = Work(10**12)
+    improve(bin_of, sizes, sizes, 1010, 10_000, 99.5, whole)
+    bin_of, sizes = full_bins()
+    half = Work(whole.spent // 2)
+    improve(bin_of, sizes, sizes, 1010, 10_000, 99.5, half)
+    assert half.spent < half.budget / 4
+    assert np.bincount(bin_of, weights=sizes).max() == 100
 
 
 @PROPERTY
