@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 LPT_ROUNDS = 256  # rounds dealt lightest-first at the end; earlier ones in snake order
@@ -21,25 +23,31 @@ RADIX_SPAN = 1 << 16
 orders by radix: 10 ms against 75-80 ms for 1M token counts as int64."""
 
 
-def ascending(values: np.ndarray) -> np.ndarray:
-    """Indices by value, lightest first, ties by index (a stable sort: the same on every
-    machine)."""
+def _radix_keys(values: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Integer `values` less their minimum as 16-bit keys, and that minimum, where they span
+    fewer than RADIX_SPAN values (numpy sorts those by radix); None otherwise."""
     if values.size and values.dtype.kind in "iu":
         low = int(values.min())
         if int(values.max()) - low < RADIX_SPAN:
-            return np.argsort((values - low).astype(np.uint16), kind="stable")
-    return np.argsort(values, kind="stable")
+            return (values - low).astype(np.uint16), low
+    return None
 
 
-def sort_values(values: np.ndarray) -> np.ndarray:
+def ascending(values: np.ndarray) -> np.ndarray:
+    """Indices by value, lightest first, ties by index (a stable sort: the same on every
+    machine)."""
+    keys = _radix_keys(values)
+    return np.argsort(values if keys is None else keys[0], kind="stable")
+
+
+def sort_values(values: np.ndarray | Sequence[int]) -> np.ndarray:
     """The integer `values` ascending, as int64: sorted as 16-bit radix keys where their span
     fits (5 ms against 60 ms for 1M token counts)."""
     values = np.asarray(values, dtype=np.int64)
-    if values.size:
-        low = int(values.min())
-        if int(values.max()) - low < RADIX_SPAN:
-            return np.sort((values - low).astype(np.uint16), kind="stable").astype(np.int64) + low
-    return np.sort(values)
+    keys = _radix_keys(values)
+    if keys is None:
+        return np.sort(values)
+    return np.sort(keys[0], kind="stable").astype(np.int64) + keys[1]
 
 
 def descending(weights: np.ndarray) -> np.ndarray:

@@ -40,7 +40,7 @@ def plan_steps(
         planned.append(
             PlannedStep(
                 step_metrics(step, lengths, schedule.cap, layout, coefficients),
-                simulate_flat(every[samples], counts, list(step.mbs_per_rank), layout, cost),
+                simulate_flat(every[samples], counts, step.mbs_per_rank, layout, cost),
             )
         )
     return tuple(planned)
