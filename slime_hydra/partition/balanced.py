@@ -2,7 +2,8 @@
 
 `construct` is O(n log n) numpy: items heaviest first, one per bin in the first round (no bin
 stays empty), then rounds of B items dealt heaviest to the lightest bin while a round can still
-close the spread between bins; then items of medium weight fill each bin's room below the water
+close the spread between bins (all but the last LPT_TAIL of many such rounds in snake order, at
+once); then items of medium weight fill each bin's room below the water
 level by largest fit (those that fit no room first, to the lightest bins; where what is left
 would lift a bin above the level, the rooms are measured up to the proven bound on the heaviest
 bin instead), and the light ones (at most `tolerance`/2 of the level each) are poured by prefix
@@ -57,7 +58,7 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
     bin_of[order[:first]] = np.arange(first)
     load = np.zeros(bins, dtype=np.int64)
     load[:first] = w[:first]
-    start = first
+    start = _snake(order, w, first, bin_of, load)
     while start < n and w[start] > load.max() - load.min():
         _deal(order[start : start + bins], w[start : start + bins], bin_of, load)
         start += bins
@@ -72,6 +73,39 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
         left = poured + np.flatnonzero(_pour(order[poured:], w[poured:], bin_of, load))
         _deal_rounds(order[left], w[left], bin_of, load)
     return bin_of
+
+
+LPT_TAIL = 8
+"""Of construct's rounds of B items, the last ones dealt heaviest to the lightest bin one
+round at a time; those before them go in snake order, all at once."""
+
+
+def _snake(
+    order: np.ndarray, w: np.ndarray, start: int, bin_of: np.ndarray, load: np.ndarray
+) -> int:
+    """Deal whole rounds of B items (`w` heaviest first from `start`) in snake order over the
+    bins lightest first, as long as a round can still close the spread between bins and more
+    than LPT_TAIL such rounds are left; returns where the rounds one at a time start. Snake
+    order costs one numpy pass for all rounds, where a round at a time costs a sort each: a
+    step of few bins deals hundreds of rounds."""
+    bins = load.size
+    rows = (len(w) - start) // bins
+    if rows <= LPT_TAIL:
+        return start
+    by_load = ascending(load)
+    got = w[start : start + rows * bins].reshape(rows, bins).copy()
+    got[1::2] = got[1::2, ::-1]  # got[r, j]: what the j-th lightest bin (at the start) gets
+    after = load[by_load] + np.cumsum(got, axis=0)
+    spread = np.concatenate(([load.max() - load.min()], (after.max(1) - after.min(1))[:-1]))
+    dealt = np.flatnonzero(w[start : start + rows * bins : bins] <= spread)
+    rows = max(0, (int(dealt[0]) if dealt.size else rows) - LPT_TAIL)
+    if rows == 0:
+        return start
+    to = np.tile(by_load, (rows, 1))
+    to[1::2] = to[1::2, ::-1]
+    bin_of[order[start : start + rows * bins]] = to.ravel()
+    load[by_load] = after[rows - 1]
+    return start + rows * bins
 
 
 FILL_STEPS = (0.0, 1.0)
@@ -483,11 +517,6 @@ def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k
     return Exchanges(ex.heavy[first], ex.light[first], ex.give[first], ex.take[first], ex.visited)
 
 
-def _within_cap(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int) -> bool:
-    """Whether every one of the `bins` bins holds at most `cap` in sizes."""
-    return int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) <= cap
-
-
 @dataclass(frozen=True)
 class BalancedPacker:
     """The default packer of dynamic batching (config: batching.partitioner): items into the
@@ -519,17 +548,24 @@ class BalancedPacker:
         each item; None if none. The first count gets the balanced construction, or where it
         breaks the cap largest fit in rounds. Where both fail, first-fit decreasing's own count
         is packable (it packs every count from its own up) and the counts below it are
-        bisected with the constructions and the repairs (of largest fit, and of FFD's packing
-        cut to the count), so a step tries O(log) counts, not every one up to it. The repairs
-        share one budget of their own (the step's `budget` and `budget_per_sample` for each
-        item), so a count that cannot be packed leaves the balancing its budget, and the search
-        costs at most that in exchanges besides its constructions; at FFD's own count the
-        constructions still go first. The plan found is then balanced within `work`: exchanges
-        with half of it; where they stop above the goal, by tokens, MULTIFIT
-        (partition.multifit) below the heaviest bin they reached; exchanges again."""
+        bisected with the repairs (of the balanced construction, of largest fit, and of FFD's
+        packing cut to the count), so a step tries O(log) counts, not every one up to it. The
+        repairs share one budget of their own (the step's `budget` and `budget_per_sample` for
+        each item), so a count that cannot be packed leaves the balancing its budget, and the
+        search costs at most that in exchanges besides its constructions; at FFD's own count
+        the balanced construction repaired (with what the repairs left) and largest fit still
+        go first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan
+        found is then balanced within `work`: exchanges with half of it; where they stop above
+        the goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
+        exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
-        bin_of = self._balanced(sizes, weights, counts[0], cap)
+        first = construct(weights, counts[0], self.tolerance)
+
+        def built(at: int) -> np.ndarray:
+            return first if at == 0 else construct(weights, counts[at], self.tolerance)
+
+        bin_of = self._repaired(first, sizes, weights, counts[0], cap, Work(0))
         if bin_of is None:
             bin_of = self._fit_repaired(sizes, weights, counts[0], cap, Work(0))
         at = 0
@@ -540,7 +576,7 @@ class BalancedPacker:
             repairs = Work(self.budget + self.budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = self._balanced(sizes, weights, counts[mid], cap) if mid else None
+                got = self._repaired(built(mid), sizes, weights, counts[mid], cap, repairs)
                 if got is None:
                     got = self._fit_repaired(sizes, weights, counts[mid], cap, repairs)
                 if got is None:
@@ -550,13 +586,12 @@ class BalancedPacker:
                 else:
                     bin_of, hi = got, mid
             at = hi
-            if bin_of is None:
+            if bin_of is None:  # FFD's own count: the constructions, else FFD's packing
                 if at == len(counts) or len(sizes) < counts[at]:
                     return None
-                if at:  # FFD's own count: the constructions as they are, else FFD's packing
-                    bin_of = self._balanced(sizes, weights, counts[at], cap)
-                    if bin_of is None:
-                        bin_of = self._fit_repaired(sizes, weights, counts[at], cap, Work(0))
+                bin_of = self._repaired(built(at), sizes, weights, counts[at], cap, repairs)
+                if bin_of is None:
+                    bin_of = self._fit_repaired(sizes, weights, counts[at], cap, Work(0))
                 if bin_of is None:
                     bin_of = ffd.copy()
                     fill_empty(bin_of, weights, counts[at])
@@ -574,22 +609,24 @@ class BalancedPacker:
             improve(bin_of, sizes, weights, bins, cap, goal, work)
         return bins, bin_of
 
-    def _balanced(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int
+    def _repaired(
+        self,
+        built: np.ndarray,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        bins: int,
+        cap: int,
+        work: Work,
     ) -> np.ndarray | None:
-        """The balanced construction into `bins`; None where it breaks the cap."""
-        bin_of = construct(weights, bins, self.tolerance)
-        return bin_of if _within_cap(bin_of, sizes, bins, cap) else None
+        """The balanced construction `built` into `bins`, where it breaks the cap repaired by
+        exchanges within `work` (none left: as it is); None where that falls short."""
+        return built if improve(built, sizes, weights, bins, cap, cap, work) else None
 
     def _fit_repaired(
         self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
     ) -> np.ndarray | None:
-        """Largest fit in rounds into `bins`, where it breaks the cap repaired by exchanges
-        within `work` (none left: as it is); None where that falls short."""
-        fit = fit_rounds(sizes, bins, cap)
-        if _within_cap(fit, sizes, bins, cap):
-            return fit
-        return fit if improve(fit, sizes, weights, bins, cap, cap, work) else None
+        """Largest fit in rounds into `bins`, repaired as `_repaired` does."""
+        return self._repaired(fit_rounds(sizes, bins, cap), sizes, weights, bins, cap, work)
 
     def _cut_repaired(
         self,

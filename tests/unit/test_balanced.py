@@ -48,6 +48,30 @@ def test_construct_fills_every_bin_within_one_item_of_the_mean(family, seed, bin
     assert loads.max() <= w.sum() / bins + w.max()
 
 
+def test_construct_deals_many_rounds_in_snake_order_then_one_round_at_a_time():
+    # 100 and 99 open two bins; the 11 rounds of two after them (98 and 97, ..., 78 and 77)
+    # go in snake order over the bins lightest first (the 99's, then the 100's), then
+    # reversed, ...: the first three at once, the last LPT_TAIL one at a time, and both
+    # orders agree here, so each bin ends at 1,062, half of the 2,124.
+    w = np.arange(100, 76, -1)
+    bin_of = construct(w, 2, 0.01)
+    rounds = [[1, 0] if r % 2 == 0 else [0, 1] for r in range(11)]
+    assert bin_of.tolist() == [0, 1] + [b for pair in rounds for b in pair]
+    assert _loads(bin_of, w, 2) == [1062, 1062]
+
+
+@PROPERTY
+@given(st.sampled_from(sorted(FAMILIES)), st.integers(0, 2**32 - 1), st.integers(1, 12))
+def test_construct_of_few_bins_and_many_rounds_fills_each_within_one_item_of_the_mean(
+    family, seed, bins
+):
+    rng = np.random.default_rng(seed)
+    w = lengths_of(family, rng, int(rng.integers(10 * bins, 400 * bins)), 4096)
+    bin_of = construct(w, bins, 0.01)
+    assert (np.bincount(bin_of, minlength=bins) > 0).all()
+    assert max(_loads(bin_of, w, bins)) <= w.sum() / bins + w.max()
+
+
 def test_construct_fills_up_to_the_bound_where_the_mean_leaves_an_item_no_room():
     # 60, 52 and 30 open the bins; the level of what is left is 68⅓, so the rooms are 8, 16
     # and 38: the 28 and two 10s fill them, the third 10 fits no room and would make 52 + 10 +
@@ -81,6 +105,20 @@ def test_counts_below_first_fit_decreasing_are_bisected_not_walked(monkeypatch):
     assert found is not None and found[0] == 300
     assert np.bincount(found[1]).tolist() == [2] * 300
     assert len(set(tried)) <= 10  # ⌈log2(200)⌉ + 2
+
+
+def test_where_ffd_packs_the_count_the_plan_starts_from_the_construction_repaired():
+    # 1,000 GRPO samples in 281 micro-batches of 4,096 (95% full): the balanced construction
+    # and largest fit both break the cap, first-fit decreasing packs 281 with its bins full
+    # and its last ones nearly empty. With no balancing work the plan is where it starts: the
+    # construction repaired within the cap leaves no bin below 0.9 of the mean (FFD's packing
+    # left one at 1,161 of 3,895).
+    s = lengths_of("grpo", np.random.default_rng(19), 1000, 4096)
+    found = BalancedPacker()(s, s, [281], 4096, Work(0))
+    assert found is not None and found[0] == 281
+    loads = np.asarray(_loads(found[1], s, 281))
+    assert loads.max() <= 4096
+    assert loads.min() >= 0.9 * s.sum() / 281
 
 
 def test_fit_rounds_gives_each_bin_the_largest_item_that_fits():
