@@ -548,8 +548,8 @@ class BalancedPacker:
         each item; None if none. The first count gets the balanced construction, or where it
         breaks the cap largest fit in rounds. Where both fail, first-fit decreasing's own count
         is packable (it packs every count from its own up) and the counts below it are
-        bisected with the repairs (of the balanced construction, of largest fit, and of FFD's
-        packing cut to the count), so a step tries O(log) counts, not every one up to it. The
+        bisected with the constructions and the repairs (of largest fit, and of FFD's packing
+        cut to the count), so a step tries O(log) counts, not every one up to it. The
         repairs share one budget of their own (the step's `budget` and `budget_per_sample` for
         each item), so a count that cannot be packed leaves the balancing its budget, and the
         search costs at most that in exchanges besides its constructions; at FFD's own count
@@ -576,7 +576,7 @@ class BalancedPacker:
             repairs = Work(self.budget + self.budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = self._repaired(built(mid), sizes, weights, counts[mid], cap, repairs)
+                got = self._repaired(built(mid), sizes, weights, counts[mid], cap, Work(0))
                 if got is None:
                     got = self._fit_repaired(sizes, weights, counts[mid], cap, repairs)
                 if got is None:
