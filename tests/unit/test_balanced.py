@@ -361,6 +361,19 @@ def test_even_groups_stops_at_once_where_a_locked_sample_sets_the_heaviest_group
     assert bin_of.tolist() == [0, 1, 2, 3] and work.spent == 0
 
 
+def test_evening_groups_that_cannot_reach_their_goal_stops_after_a_pass_not_its_budget():
+    # Group 0's one bin holds 1,000 items of 1; groups 1-10 one item of 50 each, under a cap of
+    # 51: the goal (the mean, 136, and the tolerance) is out of reach, as each light bin can
+    # take one item. The first pass moves one item; at that rate the budget cannot remove the
+    # excess of 864, so it stops there (it spent 213,255 visits on ten passes before, for 990).
+    sizes = np.concatenate((np.ones(1000, dtype=np.int64), np.full(10, 50)))
+    bin_of = np.concatenate((np.zeros(1000, dtype=np.int64), np.arange(1, 11)))
+    work = Work(10**6)
+    even_groups(bin_of, sizes, sizes, 11, 51, 0.0025, work)
+    assert np.bincount(bin_of, weights=sizes).tolist() == [999] + [51] + [50] * 9
+    assert work.spent < 10**4
+
+
 def test_first_fit_decreasings_packing_cut_to_the_bound_is_repaired_where_largest_fit_is_not():
     # 59 tokens under a cap of 20 need 3 bins. FFD takes 4: {10, 9}, {9, 8}, {7, 6, 6}, {4}.
     # Largest fit in rounds into 3 leaves a 6 that fits nowhere, and no exchange repairs it.
