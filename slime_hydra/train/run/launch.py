@@ -4,7 +4,6 @@ started from inside the Hydra job through torch's elastic launcher (torchrun's m
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import pickle
@@ -23,7 +22,7 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.rundir import LOG_FILE
 from slime_hydra.train.job import Job
 from slime_hydra.train.run.nodes import job_nodes, num_procs
-from slime_hydra.train.run.rank_output import setup_rank_output, shown_warnings
+from slime_hydra.train.run.rank_output import shown_warnings
 from slime_hydra.train.run.torchrun import torchrun_env
 from slime_hydra.train.settings import CpuTrainer
 
@@ -57,9 +56,10 @@ multiprocessing's spawn gives its children: train/run/worker_process.py."""
 
 def start_workers(trainer: CpuTrainer, job: Job, entry: str) -> None:
     """Run `entry(trainer, job)` ("module:function": TRAIN, or the calibration's) in
-    nproc_per_node worker processes (train/run/worker_process.py, then `run_worker`); restart
-    them up to max_restarts. Each worker runs in a session of its own, as torchrun's do: a
-    Ctrl-C reaches this process only, and the launcher stops the workers with the same signal."""
+    nproc_per_node worker processes (train/run/worker_process.py, which hands the pickled
+    arguments to the entry); restart them up to max_restarts. Each worker runs in a session of
+    its own, as torchrun's do: a Ctrl-C reaches this process only, and the launcher stops the
+    workers with the same signal."""
     nodes = job_nodes()
     procs = num_procs(trainer, job)
     logs = tempfile.mkdtemp(prefix="slime_hydra_workers_")
@@ -117,22 +117,6 @@ def not_the_stop(record: logging.LogRecord) -> bool:
     """Whether a record of the elastic agent is other than its warning on a stop signal
     ("Received SIGINT death signal, shutting down workers")."""
     return not str(record.msg).startswith("Received %s death signal")
-
-
-def run_worker(arguments: str) -> None:
-    """What each worker runs once its stop is set (train/run/worker_process.py): its rank's
-    output (train/run/rank_output.py, given the warnings the job process showed), then the
-    trainer and job unpickled from the `arguments` file and handed to the entry
-    ("module:function"). Unpickling the job imports megatron (the iterator), so they come
-    second, and the entry is imported here: megatron's import-time warnings then meet this
-    rank's filters. A stopped rank exits 1 without a traceback: its error file holds the stop
-    (the entry records it)."""
-    with open(arguments, "rb") as source:
-        log_file, shown, entry = pickle.load(source)
-        setup_rank_output(int(os.environ["RANK"]), Path(log_file), shown)
-        trainer, job = pickle.load(source)
-    module, function = entry.split(":")
-    getattr(importlib.import_module(module), function)(trainer, job)
 
 
 def recorded_failures(logs: Path, first_rank: int) -> dict[int, ProcessFailure]:
