@@ -3,7 +3,7 @@ seed each run (printed), worst cases reported; then the scale curve up to 1M sam
 
     python benchmarks/bench_planner.py                 # a fresh seed, 48 cases, the curve
     python benchmarks/bench_planner.py --seed 1234     # the same cases again
-    python benchmarks/bench_planner.py --cases 96 --no-curve
+    python benchmarks/bench_planner.py --cases 96 --no-curve --draws 0
 
 Each case draws a family (tests/families.py), 512-16k samples a step in 1-3 steps, a layout
 (dp 1-64, pp/vpp with a VPP group, cp 1-2) and a cap, and plans it with `batching=dynamic`
@@ -12,7 +12,9 @@ Each case draws a family (tests/families.py), 512-16k samples a step in 1-3 step
 pure-Python first-fit of the same steps (baselines.first_fit_bins) in the same process, so
 load on the machine shifts both; a figure is per step. Quality is against the proven bounds the
 planner logs: K over `batch/num_microbatches_lb`, the largest micro-batch over
-`batch/mb_tokens_lb`. The exit status is 0 either way (the figures are the result).
+`batch/mb_tokens_lb`. The seed sweep plans fixed cases (family, size, layout) on several draws
+each and reports the slowest draw against the median one. The exit status is 0 either way (the
+figures are the result).
 """
 
 from __future__ import annotations
@@ -201,6 +203,51 @@ def report(results: Sequence[Result]) -> None:
     )
 
 
+SWEEP = (
+    ("grpo", 4096, 32),
+    ("grpo", 16384, 64),
+    ("grpo", 65536, 256),
+    ("truncated", 2048, 4),
+    ("third", 2048, 32),
+    ("pareto", 8192, 16),
+    ("over_half", 4096, 32),
+    ("short", 8192, 64),
+)
+"""(family, samples, dp) of the seed sweep: one step, cap 16384."""
+
+
+def seed_sweep(seed: int, draws: int) -> None:
+    """Each SWEEP case drawn `draws` times (one seed each, from the run's): the slowest draw's
+    plan time against the median draw's (the issue's 'slowest seed within 3x the median'),
+    with the worst quality and the draws with K over K_lb."""
+    print(f"\nseed sweep ({draws} draws a case, cap 16384, one step; CPU ms):")
+    print(
+        f"{'family':9s} {'samples':>7s} {'dp':>4s} {'median':>8s} {'slowest':>8s}"
+        f" {'slow/med':>8s} {'q worst':>8s} {'K>K_lb':>6s}"
+    )
+    for family, n, dp in SWEEP:
+        times, worst, over = [], 0.0, 0
+        layout = ParallelLayout(dp=dp)
+        for draw in range(draws):
+            lengths = lengths_of(family, np.random.default_rng([seed, draw, n]), n, 16384)
+            lengths = lengths.tolist()
+            strategy = DynamicBatching(layout, None, 16384)
+            start = time.process_time()
+            try:
+                schedule = strategy.plan(lengths, list(range(n)))
+            except SlimeHydraError:  # no schedule exists (n samples cannot fill dp ranks)
+                continue
+            times.append((time.process_time() - start) * 1e3)
+            m = step_metrics(schedule.steps[0], lengths, 16384, layout, FLOPS)
+            worst = max(worst, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
+            over += m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]
+        med = statistics.median(times)
+        print(
+            f"{family:9s} {n:7d} {dp:4d} {med:8.1f} {max(times):8.1f} {max(times) / med:8.1f}"
+            f" {worst:8.4f} {over:3d}/{len(times)}"
+        )
+
+
 CURVE = ((4096, 32), (16384, 32), (16384, 64), (65536, 256), (262144, 1024), (1048576, 4096))
 
 
@@ -241,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=48)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-curve", action="store_true")
+    parser.add_argument("--draws", type=int, default=8, help="seed sweep draws (0: none)")
     parser.add_argument("--only", help="one case by its key (SEED:INDEX[:REDRAW]), verbose")
     args = parser.parse_args(argv)
     families = sorted(FAMILIES)
@@ -261,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 refused += 1
     report(results)
     print(f"{refused} drawn cases refused with our error (no schedule exists), redrawn")
+    if args.draws:
+        seed_sweep(seed, args.draws)
     if not args.no_curve:
         curve(np.random.default_rng([seed, args.cases]), args.repeats)
     return 0
