@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from slime_hydra.partition.deal import ascending
+
 WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below and two above
 
 
@@ -46,7 +48,7 @@ def _members(
     of_light = light_pair[bin_of]
     li = np.flatnonzero((of_light >= 0) & movable)
     hi = np.flatnonzero(is_heavy[bin_of] & movable)
-    hi = hi[np.argsort(bin_of[hi], kind="stable")]  # grouped by bin
+    hi = hi[ascending(bin_of[hi])]  # grouped by bin
     per_bin = np.bincount(bin_of[hi], minlength=bins)
     first = np.cumsum(per_bin) - per_bin
     count = per_bin[heavy]
@@ -99,15 +101,16 @@ def best_exchanges(
     visited = visits(hi.size, li.size, len(bin_of))
     if hi.size == 0:
         return Exchanges.none(visited)
-    # Candidates in light bins, plus one zero-value stand-in per pair (a move).
+    # Candidates in light bins, plus one zero-value stand-in per pair (a move), sorted by
+    # (pair, value), a stand-in before the items of its value, the items by index.
     m = len(heavy)
-    c_pair = np.concatenate((pl, np.arange(m)))
-    c_val = np.concatenate((values[li], np.zeros(m, dtype=values.dtype)))
-    c_item = np.concatenate((li, np.full(m, -1, dtype=np.int64)))
+    c_pair = np.concatenate((np.arange(m), pl))
+    c_val = np.concatenate((np.zeros(m, dtype=values.dtype), values[li]))
+    c_item = np.concatenate((np.full(m, -1, dtype=np.int64), li))
     x = values[hi]
     scale = max(int(c_val.max()), int(x.max(initial=0))) + 2
     key = c_pair * scale + c_val
-    order = np.lexsort((c_item, key))
+    order = ascending(key)
     key, c_pair, c_val, c_item = key[order], c_pair[order], c_val[order], c_item[order]
     ideal = np.clip(x - np.minimum(gap[p] // 2, room[p]), 0, scale - 1)
     pos = np.searchsorted(key, p * scale + ideal, side="left")
@@ -116,42 +119,35 @@ def best_exchanges(
     cand = np.clip(cand, 0, max(key.size - 1, 0))
     same = inside & (c_pair[cand] == p[:, None])
     d = x[:, None] - c_val[cand]
-    g = gap[p][:, None]
-    ok = same & (d > 0) & (d < g) & (d <= room[p][:, None])
+    ok = same & (d > 0) & (d < gap[p][:, None]) & (d <= room[p][:, None])
     j = c_item[cand]
-    is_move = j < 0
-    h_bin = heavy[p][:, None]
-    l_bin = light[p][:, None]
-    ok &= ~is_move | (counts[h_bin] > 1)
-    s_shift = sizes[hi][:, None] - np.where(is_move, 0, sizes[np.maximum(j, 0)])
+    ok &= (j >= 0) | (counts[heavy[p]] > 1)[:, None]  # a move leaves the heavy bin an item
+    pick = np.flatnonzero(ok.ravel())  # the candidates left, row by row
+    row = pick // len(WINDOW)
+    pair_of, shift, take = p[row], d.ravel()[pick], j.ravel()[pick]
+    # Sizes stay within the cap where a bin holds two or more items (one over it may shrink).
+    is_move = take < 0
+    h_bin, l_bin = heavy[pair_of], light[pair_of]
+    s_shift = shift if values is sizes else sizes[hi[row]] - np.where(is_move, 0, sizes[take])
     new_h = size_load[h_bin] - s_shift
     new_l = size_load[l_bin] + s_shift
-    single_l = ~is_move & (counts[l_bin] == 1)
-    single_h = ~is_move & (counts[h_bin] == 1)
-    ok &= (new_l <= cap) | single_l
-    ok &= (new_h <= cap) | (new_h < size_load[h_bin]) | single_h
-    target = np.minimum(g // 2, room[p][:, None])
-    err = np.where(ok, np.abs(d - target), np.iinfo(np.int64).max)
-    flat = err.ravel()
-    rows = np.repeat(np.arange(hi.size), len(WINDOW))
-    pick = np.flatnonzero(flat < np.iinfo(np.int64).max)
+    fits = (new_l <= cap) | (~is_move & (counts[l_bin] == 1))
+    fits &= (new_h <= cap) | (new_h < size_load[h_bin]) | (~is_move & (counts[h_bin] == 1))
+    pick, row, pair_of, shift, take = pick[fits], row[fits], pair_of[fits], shift[fits], take[fits]
     if pick.size == 0:
         return Exchanges.none(visited)
-    pair_of = p[rows[pick]]
-    best = np.lexsort((pick, flat[pick], pair_of))
-    first = np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))
-    chosen = pick[best[first]]  # one per pair
-    pairs = p[rows[chosen]]
-    shift = d.ravel()[chosen]
+    err = np.abs(shift - np.minimum(gap[pair_of] // 2, room[pair_of]))
+    best = np.lexsort((pick, err, pair_of))
+    first = best[np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))]
+    row, pairs, shift, take = row[first], pair_of[first], shift[first], take[first]  # one a pair
     kept = np.minimum(shift, gap[pairs] - shift)  # how far the pair's heavier side comes down
     by_bin = np.lexsort((pairs, -kept, heavy[pairs]))
-    once = np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))
-    chosen, pairs = chosen[by_bin[once]], pairs[by_bin[once]]
+    once = by_bin[np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))]
     return Exchanges(
-        heavy=heavy[pairs],
-        light=light[pairs],
-        give=hi[rows[chosen]],
-        take=j.ravel()[chosen],
+        heavy=heavy[pairs[once]],
+        light=light[pairs[once]],
+        give=hi[row[once]],
+        take=take[once],
         visited=visited,
     )
 

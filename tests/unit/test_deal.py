@@ -22,17 +22,23 @@ def test_ascending_breaks_ties_by_index_across_the_radix_span():
     assert descending(np.array([65_539, 4, 65_539, 4])).tolist() == [0, 2, 1, 3]
     assert sort_values(np.array([65_539, 4, 65_539, 4])).tolist() == [4, 4, 65_539, 65_539]
     assert sort_values(np.array([70_000, -2, 9])).tolist() == [-2, 9, 70_000]
+    # Two 16-bit passes up to a span of 2^32 - 1 (the high halves 0, 1 and 65,535 here), the
+    # plain stable sort from 2^32.
+    top = (1 << 32) - 1
+    assert ascending(np.array([top, 65_537, 5, top, 65_536, 5])).tolist() == [2, 5, 4, 1, 0, 3]
+    assert descending(np.array([top, 65_537, 5, top, 65_536, 5])).tolist() == [0, 3, 1, 4, 2, 5]
+    assert ascending(np.array([1 << 32, 7, 0, 7])).tolist() == [2, 1, 3, 0]
 
 
 @PROPERTY
 @given(
     st.lists(st.integers(-5, 5), min_size=1, max_size=300),
-    st.sampled_from([1, 1000, 1 << 15, 1 << 16, 1 << 40]),
+    st.sampled_from([1, 1000, 1 << 15, 1 << 16, 1 << 28, 1 << 29, 1 << 40]),
     st.integers(-(1 << 20), 1 << 20),
 )
 def test_the_orders_are_the_stable_sorts_whatever_the_span(steps, scale, offset):
-    # Values spread over spans below and above 16 bits, negative ones too: the 16-bit radix
-    # keys must give the same orders as a stable sort of the values themselves.
+    # Values spread over spans below 16 bits, below 32 and above, negative ones too: the 16-bit
+    # radix passes must give the same orders as a stable sort of the values themselves.
     v = np.array(steps, dtype=np.int64) * scale + offset
     assert ascending(v).tolist() == np.argsort(v, kind="stable").tolist()
     assert descending(v).tolist() == np.lexsort((np.arange(v.size), -v)).tolist()
