@@ -37,7 +37,13 @@ def test_the_file_holds_fitted_terms_and_what_was_timed(calibration: Path) -> No
     data = json.loads(calibration.read_text())
     assert data["model"] == "tiny" and data["layout"]["dp"] == 2
     assert data["device"].startswith("cpu (gloo)")
-    assert data["terms"]["token_s"] > 0 and data["terms"]["allreduce_s"] > 0
+    # Which pipeline term the timings load depends on the machine's load (on a busy machine a
+    # grid of 32-256 token micro-batches fitted token_s at 0 and gave the time to the others);
+    # that the fit puts them somewhere, and measures the all-reduce, does not.
+    terms = data["terms"]
+    pipeline = ("token_s", "square_s", "microbatch_s", "sequence_s")
+    assert all(terms[t] >= 0 for t in pipeline) and sum(terms[t] for t in pipeline) > 0
+    assert terms["allreduce_s"] > 0
     assert data["terms"]["p2p_s"] == 0.0 and "p2p_s" not in data["stderr"]  # pp=1
     assert set(data["stderr"]) == {"token_s", "square_s", "microbatch_s", "sequence_s"} | {
         "allreduce_s",
