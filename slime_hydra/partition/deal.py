@@ -1,6 +1,7 @@
 """Items dealt evenly over G groups (DP ranks): heaviest first, equal counts, even totals.
 
-- `ascending`, `sort_values`: lightest first, by 16-bit radix keys where the span fits.
+- `ascending`, `sort_values`: lightest first, by 16-bit radix keys where the span fits (in
+  two passes for `ascending`, up to a span of 2^32).
 - `descending`: item order heaviest first, ties by index, from unique sort keys, so every
   machine (whatever numpy's sort kernel) gets the same order.
 - `split_even`: rounds of G items, heaviest first; in each round the heaviest item goes to the
