@@ -24,13 +24,21 @@ RADIX_SPAN = 1 << 16
 orders by radix: 10 ms against 75-80 ms for 1M token counts as int64."""
 
 
+def _span(values: np.ndarray) -> tuple[int, int] | None:
+    """The minimum of integer `values` and how far above it the maximum lies; None for other
+    dtypes or no values."""
+    if values.size and values.dtype.kind in "iu":
+        low = int(values.min())
+        return low, int(values.max()) - low
+    return None
+
+
 def _radix_keys(values: np.ndarray) -> tuple[np.ndarray, int] | None:
     """Integer `values` less their minimum as 16-bit keys, and that minimum, where they span
     fewer than RADIX_SPAN values (numpy sorts those by radix); None otherwise."""
-    if values.size and values.dtype.kind in "iu":
-        low = int(values.min())
-        if int(values.max()) - low < RADIX_SPAN:
-            return (values - low).astype(np.uint16), low
+    span = _span(values)
+    if span is not None and span[1] < RADIX_SPAN:
+        return (values - span[0]).astype(np.uint16), span[0]
     return None
 
 
@@ -39,15 +47,13 @@ def ascending(values: np.ndarray) -> np.ndarray:
     machine, whatever sorts it). Integers spanning fewer than 2^32 values sort as one or two
     passes of 16-bit radix keys, low half first (a stable sort by the high half keeps the
     low half's order among equals): 44 ms against 145-177 ms for 1M values spanning 200k."""
-    keys = _radix_keys(values)
-    if keys is not None:
-        return np.argsort(keys[0], kind="stable")
-    if values.size and values.dtype.kind in "iu":
-        low = int(values.min())
-        if int(values.max()) - low < RADIX_SPAN * RADIX_SPAN:
-            shifted = (values - low).astype(np.uint32)
-            order = np.argsort((shifted & (RADIX_SPAN - 1)).astype(np.uint16), kind="stable")
-            return order[np.argsort((shifted[order] >> 16).astype(np.uint16), kind="stable")]
+    span = _span(values)
+    if span is not None and span[1] < RADIX_SPAN:
+        return np.argsort((values - span[0]).astype(np.uint16), kind="stable")
+    if span is not None and span[1] < RADIX_SPAN * RADIX_SPAN:
+        shifted = (values - span[0]).astype(np.uint32)
+        order = np.argsort((shifted & (RADIX_SPAN - 1)).astype(np.uint16), kind="stable")
+        return order[np.argsort((shifted[order] >> 16).astype(np.uint16), kind="stable")]
     return np.argsort(values, kind="stable")
 
 
