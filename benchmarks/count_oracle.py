@@ -10,10 +10,9 @@ that lowers the total excess over the cap most (a shift d from a bin of excess e
 room r gains min(d, e) - max(d - r, 0): the excess may move on to where a later pass finds
 room), among equal gains the light bin left fullest within the cap (best fit: the large rooms
 stay for large excesses; leaving it emptiest instead finds 3 where this finds 5 on one seed),
-one exchange per bin a pass. On GRPO steps
-98-99% full where the planner's paired repair stalls thousands of tokens over the cap, this
-one packs K_lb (docs/planner.md, tenth round). It is too slow per pass at scale to be the
-planner's (0.7 s a pass at 1M samples).
+one exchange per bin a pass. On GRPO steps 98-99% full where the planner's paired repair stalls
+thousands of tokens over the cap, this one packs K_lb (docs/planner.md, tenth round). It is too
+slow per pass at scale to be the planner's (0.7 s a pass at 1M samples).
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import numpy as np
 
 from slime_hydra.partition.balanced import cut_to, fit_rounds
 from slime_hydra.partition.deal import ascending
+from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.greedy import first_fit_decreasing
 
 PASSES = 200  # passes a start may take (about 0.5 ms each at 4k samples)
@@ -47,16 +47,11 @@ def _repaired(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, passes
     for _ in range(passes):
         if not ((load > cap) & (counts > 1)).any():
             break
-        heavy, light, give, take = _exchanges(bin_of, sizes, load, counts, cap)
-        if give.size == 0:
+        ex = _exchanges(bin_of, sizes, load, counts, cap)
+        if ex.give.size == 0:
             return False
-        shift = sizes[give] - np.where(take >= 0, sizes[take], 0)
-        bin_of[give] = light
-        bin_of[take[take >= 0]] = heavy[take >= 0]
-        load[heavy] -= shift  # one exchange per bin: no bin twice
-        load[light] += shift
-        counts[heavy] -= take < 0
-        counts[light] += take < 0
+        apply_exchanges(ex, bin_of, sizes, load, counts)
+    # The check, from the packing alone.
     final = np.bincount(bin_of, weights=sizes, minlength=bins)
     counts = np.bincount(bin_of, minlength=bins)
     return bool((counts > 0).all() and ((final <= cap) | (counts == 1)).all())
@@ -64,15 +59,14 @@ def _repaired(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, passes
 
 def _exchanges(
     bin_of: np.ndarray, sizes: np.ndarray, load: np.ndarray, counts: np.ndarray, cap: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(heavy bin, light bin, item given, item taken back or -1) of one pass."""
-    none = np.zeros(0, dtype=np.int64)
+) -> Exchanges:
+    """The exchanges of one pass."""
     over = (load > cap) & (counts > 1)
     room = np.where(over, 0, np.maximum(cap - load, 0))
     hi = np.flatnonzero(over[bin_of])
     li = np.flatnonzero(room[bin_of] > 0)
     if hi.size == 0 or li.size == 0:
-        return none, none, none, none
+        return Exchanges.none(0)
     li = li[ascending(sizes[li])]
     x = sizes[hi]
     excess = (load - cap)[bin_of[hi]]
@@ -110,4 +104,4 @@ def _exchanges(
     keep = keep[np.concatenate(([True], heavy[keep][1:] != heavy[keep][:-1]))[: keep.size]]
     keep = keep[np.lexsort((hi[keep], -best[keep], to[keep]))]
     keep = keep[np.concatenate(([True], to[keep][1:] != to[keep][:-1]))[: keep.size]]
-    return heavy[keep], to[keep], hi[keep], take[keep]
+    return Exchanges(heavy[keep], to[keep], hi[keep], take[keep], 0)
