@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slime_hydra.calibration import load_step_cost
+from slime_hydra.calibration import PIPELINE_TERMS, load_step_cost
 from slime_hydra.schedule import ParallelLayout, Schedule
 from slime_hydra.schedule.steptime import simulate_step
 from tests.integration.test_train_cpu import SMALL, metrics, ok, run_cli
@@ -41,8 +41,7 @@ def test_the_file_holds_fitted_terms_and_what_was_timed(calibration: Path) -> No
     # grid of 32-256 token micro-batches fitted token_s at 0 and gave the time to the others);
     # that the fit puts them somewhere, and measures the all-reduce, does not.
     terms = data["terms"]
-    pipeline = ("token_s", "square_s", "microbatch_s", "sequence_s")
-    assert all(terms[t] >= 0 for t in pipeline) and sum(terms[t] for t in pipeline) > 0
+    assert all(terms[t] >= 0 for t in PIPELINE_TERMS) and sum(terms[t] for t in PIPELINE_TERMS) > 0
     assert terms["allreduce_s"] > 0
     assert data["terms"]["p2p_s"] == 0.0 and "p2p_s" not in data["stderr"]  # pp=1
     assert set(data["stderr"]) == {"token_s", "square_s", "microbatch_s", "sequence_s"} | {
