@@ -13,7 +13,7 @@ all-reduce inside it (finalize_model_grads); the fit (calibration.fit_step_cost)
 per-token, per-L², per-micro-batch and p2p terms from the schedule's time, the all-reduce and
 the optimizer step (with the iterator and whatever else is outside the schedule) as medians.
 
-What the model leaves out: the p2p term is one cost per send whatever its size (activations
+What the model leaves out: the p2p term is one cost per exchange whatever its size (activations
 grow with tokens); compute per token is taken as constant across micro-batch sizes (no cache
 or kernel-efficiency curve beyond the L² term); overlap of communication with compute is not
 modelled; the all-reduce holds for the dp it was measured at.
@@ -64,7 +64,7 @@ UNITS = {
     "square_s": "s/token²",
     "microbatch_s": "s/micro-batch",
     "sequence_s": "s/sequence",
-    "p2p_s": "s/send",
+    "p2p_s": "s/exchange",
     "allreduce_s": "s/step",
     "optimizer_s": "s/step",
 }

@@ -13,10 +13,11 @@ The terms are per model replica of the layout, so a file holds for one model and
 
 Units: token_s seconds per token, square_s seconds per squared sequence length (Σ L² over the
 micro-batch's sequences), microbatch_s seconds per micro-batch, sequence_s seconds per sequence
-of a micro-batch (a file from before this term loads it as 0), p2p_s seconds per send between
-pipeline stages, allreduce_s and optimizer_s seconds per step; `stderr` holds each one's
-standard error in the same unit. `calibration_grid` is what is timed, `fit_step_cost` how
-the terms come out of the timings.
+of a micro-batch (a file from before this term loads it as 0), p2p_s seconds per exchange
+between pipeline stages (one blocking call of megatron's schedule, however many transfers it
+carries), allreduce_s and optimizer_s seconds per step; `stderr` holds each one's standard
+error in the same unit. `calibration_grid` is what is timed, `fit_step_cost` how the terms come
+out of the timings.
 """
 
 from __future__ import annotations

@@ -1,17 +1,42 @@
-"""Pipeline cost model for `trainer=plan`: simulated 1F1B (and interleaved 1F1B with VPP).
+"""Pipeline cost model: megatron's 1F1B and interleaved 1F1B schedules, replayed call by call.
+
+Each stage runs the sequence of megatron's schedule (schedules.py, without p2p overlap): forward
+and backward steps of its model chunks and, between them, the blocking exchanges of
+P2PCommunicator, each of which sends and receives what the schedule hands it and returns once
+every one of its sends and receives has met its peer's (NCCL's and gloo's send and receive
+rendezvous), `p2p_s` later. The interleaved schedule exchanges once per step of its steady state,
+after a forward and a backward, both directions together: a stage waits there for the input of
+its next forward and of its next backward, so one long micro-batch holds up its neighbour's
+next two ops, not one (unequal micro-batches: 10–20% longer than op-by-op dependencies).
 
 A micro-batch's whole-model forward time splits evenly over the pp stages and vpp chunks per
-stage; backward costs twice the forward; an activation or gradient crossing to another stage
-costs `p2p_s`. A DP rank's step is the makespan of its pipeline (schedule.steptime adds the
-step's all-reduce and optimizer step and waits for the slowest DP rank).
+stage; backward costs twice the forward. A DP rank's step is the makespan of its pipeline
+(schedule.steptime adds the step's all-reduce and optimizer step and waits for the slowest DP
+rank).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 Op = tuple[str, int, int]  # ("F" | "B", model chunk, micro-batch)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One blocking P2PCommunicator call: which of the four transfers it carries (next and
+    prev are the neighbouring stages, on a ring: the last stage's next is the first)."""
+
+    send_next: bool = False
+    recv_prev: bool = False
+    send_prev: bool = False
+    recv_next: bool = False
+
+
+Call = Op | Exchange
+Step = tuple[int, int, tuple[int, ...]]
 
 
 @dataclass(frozen=True)
@@ -30,25 +55,139 @@ class PipelineTiming:
 
 
 def stage_order(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[Op]:
-    """Megatron's op order on one stage: warm-up forwards, 1F1B steady state, cool-down.
+    """Megatron's op order on one stage: warm-up forwards, 1F1B steady state, cool-down."""
+    return [c for c in stage_calls(stage, pp, vpp, group, num_mb) if not isinstance(c, Exchange)]
 
-    With vpp > 1 micro-batches go through the chunks in groups of `group` (megatron's
-    microbatch_group_size_per_vp_stage): forwards chunk 0..v-1, backwards chunk v-1..0.
-    """
-    forwards = [
-        (c, m)
-        for start in range(0, num_mb, group)
-        for c in range(vpp)
-        for m in range(start, min(start + group, num_mb))
+
+def stage_calls(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[Call]:
+    """Megatron's ops and exchanges on one stage, in order (calls that carry nothing left out)."""
+    if vpp > 1:
+        calls = _interleaved_calls(stage, pp, vpp, group, num_mb)
+    else:
+        calls = _one_f_one_b_calls(stage, pp, num_mb)
+    return [c for c in calls if c != Exchange()]
+
+
+def _one_f_one_b_calls(stage: int, pp: int, num_mb: int) -> list[Call]:
+    """forward_backward_pipelining_without_interleaving: recv_forward, F, send_forward through
+    the warm-up; then F, send_forward_recv_backward, B, send_backward_recv_forward; the
+    cool-down's recv_backward, B, send_backward."""
+    first, last = stage == 0, stage == pp - 1
+    warmup = min(pp - stage - 1, num_mb)
+    remaining = num_mb - warmup
+    calls: list[Call] = []
+    for m in range(warmup):
+        calls += [Exchange(recv_prev=not first), ("F", 0, m), Exchange(send_next=not last)]
+    if remaining:
+        calls.append(Exchange(recv_prev=not first))
+    for i in range(remaining):
+        calls += [("F", 0, warmup + i), Exchange(send_next=not last, recv_next=not last)]
+        more = i < remaining - 1
+        calls += [("B", 0, i), Exchange(recv_prev=more and not first, send_prev=not first)]
+    for m in range(remaining, num_mb):
+        calls += [Exchange(recv_next=not last), ("B", 0, m), Exchange(send_prev=not first)]
+    return calls
+
+
+def _interleaved_calls(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[Call]:
+    """forward_backward_pipelining_with_interleaving (no overlap): virtual micro-batch k is
+    micro-batch table[k] of chunk chunks[k] (groups of `group` through every chunk); after each
+    forward (warm-up), forward and backward (steady state) or backward (cool-down) one exchange
+    sends their outputs and receives the next inputs. The first stage receives a chunk's input
+    pp - 1 steps after the last stage sent it, and the last stage a gradient likewise."""
+    if num_mb % group:
+        raise ValueError(
+            f"megatron's interleaved schedule runs whole groups of {group} micro-batches "
+            f"(microbatch_group_size_per_vp_stage), not {num_mb}"
+        )
+    first, last = stage == 0, stage == pp - 1
+    table = [
+        (m, c) for lo in range(0, num_mb, group) for c in range(vpp) for m in range(lo, lo + group)
     ]
-    backwards = [(vpp - 1 - c, m) for c, m in forwards]
-    warmup = (pp - stage - 1) * 2 + (vpp - 1) * group if vpp > 1 else pp - stage - 1
-    warmup = min(warmup, len(forwards))
-    ops: list[Op] = [("F", *f) for f in forwards[:warmup]]
-    for f, b in zip(forwards[warmup:], backwards, strict=False):
-        ops += [("F", *f), ("B", *b)]
-    ops += [("B", *b) for b in backwards[len(forwards) - warmup :]]
-    return ops
+    total = len(table)
+
+    def chunk(k: int, forward: bool) -> int:
+        c = table[k % total][1]
+        return c if forward else vpp - 1 - c
+
+    def op(kind: str, k: int) -> Op:
+        return (kind, chunk(k, kind == "F"), table[k][0])
+
+    def receives(k: int, forward: bool) -> bool:
+        """megatron's recv_tensor_from_previous_stage(k, forward)."""
+        if not (first if forward else last):
+            return True
+        if k < pp - 1:
+            return False
+        return chunk(k - (pp - 1), forward) != (vpp - 1 if forward else 0)
+
+    def sends(k: int, forward: bool) -> bool:
+        return (
+            not (last and chunk(k, True) == vpp - 1)
+            if forward
+            else not (first and chunk(k, False) == 0)
+        )
+
+    warmup = min((pp - stage - 1) * 2 + (vpp - 1) * group, total)
+    remaining = total - warmup
+    calls: list[Call] = [Exchange(recv_prev=not first)]
+    for k in range(warmup):
+        recv_prev = receives(k, True) and k != total - 1
+        turn = k == warmup - 1 and remaining > 0
+        calls += [
+            op("F", k),
+            Exchange(send_next=sends(k, True), recv_prev=recv_prev, recv_next=turn and not last),
+        ]
+    for k in range(remaining):
+        f = k + warmup
+        calls += [op("F", f), op("B", k)]
+        calls.append(
+            Exchange(
+                send_next=sends(f, True),
+                recv_prev=receives(f, True) and k != remaining - 1,
+                send_prev=sends(k, False),
+                recv_next=receives(k, False),
+            )
+        )
+    if remaining == 0:
+        calls.append(Exchange(recv_next=not last))
+    for k in range(remaining, total):
+        calls += [
+            op("B", k),
+            Exchange(send_prev=sends(k, False), recv_next=receives(k, False) and k != total - 1),
+        ]
+    return calls
+
+
+@lru_cache(maxsize=256)
+def _programs(pp: int, vpp: int, group: int, num_mb: int) -> tuple[tuple[Step, ...], ...]:
+    """Every stage's calls as steps (cost factor, micro-batch, transfer keys): an op is
+    (1 forward or 2 backward, its micro-batch, ()), an exchange (0, 0, keys). A transfer is the
+    i-th on its channel (stage s to its next, or to its prev), sender and receiver sharing i:
+    key ^ 1 is the peer's."""
+    span = 2 * num_mb * vpp + 2
+    counts: dict[tuple[int, int], int] = {}
+    programs = []
+    for s in range(pp):
+        program: list[Step] = []
+        for call in stage_calls(s, pp, vpp, group, num_mb):
+            if not isinstance(call, Exchange):
+                program.append((1 if call[0] == "F" else 2, call[2], ()))
+                continue
+            keys = []
+            for on, channel, side in (
+                (call.send_next, 2 * s, 0),
+                (call.recv_prev, 2 * ((s - 1) % pp), 1),
+                (call.send_prev, 2 * s + 1, 0),
+                (call.recv_next, 2 * ((s + 1) % pp) + 1, 1),
+            ):
+                if on:
+                    index = counts.get((channel, side), 0)
+                    counts[channel, side] = index + 1
+                    keys.append((channel * span + index) * 2 + side)
+            program.append((0, 0, tuple(keys)))
+        programs.append(tuple(program))
+    return tuple(programs)
 
 
 def simulate_pipeline(
@@ -59,50 +198,39 @@ def simulate_pipeline(
     p2p_s: float = 0.0,
 ) -> PipelineTiming:
     """Simulate one DP rank's pipeline over micro-batches with the given whole-model forward
-    times (backward = 2 × forward), each op starting once its stage is free and its input
-    (the previous stage's forward, the next stage's backward) is done and, from another stage,
-    sent (`p2p_s`)."""
+    times (backward = 2 × forward): each stage runs its calls in order, an op for its time, an
+    exchange until every peer of its transfers has reached the matching call, plus `p2p_s`."""
     num_mb = len(forward_s)
     group = pp if group is None else group
     chunk_f = [f / (pp * vpp) for f in forward_s]
-    orders = [stage_order(s, pp, vpp, group, num_mb) for s in range(pp)]
-    done: dict[tuple[str, int, int, int], float] = {}
+    programs = _programs(pp, vpp, group, num_mb)
+    posted: dict[int, float] = {}
     cursor = [0] * pp
     clock = [0.0] * pp
     busy = [0.0] * pp
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(p) for p in programs)
     while remaining:
         progressed = False
-        for s in range(pp):
-            while cursor[s] < len(orders[s]):
-                kind, c, m = orders[s][cursor[s]]
-                dep = _dependency(kind, s, c, m, pp, vpp)
-                if dep is not None and dep not in done:
+        for s, program in enumerate(programs):
+            at, now = cursor[s], clock[s]
+            while at < len(program):
+                factor, mb, keys = program[at]
+                if not keys:
+                    cost = chunk_f[mb] * factor
+                    now += cost
+                    busy[s] += cost
+                    at += 1
+                    continue
+                for key in keys:
+                    posted[key] = now
+                peers = [posted.get(key ^ 1) for key in keys]
+                if None in peers:
                     break
-                cost = chunk_f[m] * (1 if kind == "F" else 2)
-                ready = 0.0 if dep is None else done[dep] + (p2p_s if dep[1] != s else 0.0)
-                start = max(clock[s], ready)
-                clock[s] = start + cost
-                busy[s] += cost
-                done[(kind, s, c, m)] = clock[s]
-                cursor[s] += 1
-                remaining -= 1
-                progressed = True
+                now = max(now, *peers) + p2p_s
+                at += 1
+            remaining -= at - cursor[s]
+            progressed = progressed or at > cursor[s]
+            cursor[s], clock[s] = at, now
         if not progressed:
             raise RuntimeError(f"pipeline schedule deadlocked (pp={pp}, vpp={vpp}, m={num_mb})")
     return PipelineTiming(step_s=max(clock), busy_s=tuple(busy))
-
-
-def _dependency(
-    kind: str, stage: int, chunk: int, mb: int, pp: int, vpp: int
-) -> tuple[str, int, int, int] | None:
-    """The op whose output this op consumes, or None for the very first forward."""
-    if kind == "F":
-        if stage > 0:
-            return ("F", stage - 1, chunk, mb)
-        return ("F", pp - 1, chunk - 1, mb) if chunk > 0 else None
-    if stage < pp - 1:
-        return ("B", stage + 1, chunk, mb)
-    if chunk < vpp - 1:
-        return ("B", 0, chunk + 1, mb)
-    return ("F", stage, chunk, mb)

@@ -5,10 +5,11 @@ FLOPs of the model at trainer.achieved_tflops plus trainer.microbatch_overhead_m
 
 A micro-batch of sequences L_1..L_n costs, forward and backward through the whole model on one
 model replica of the layout (its tp × cp GPUs; a pipeline stage's model chunk takes 1/(pp·vpp)
-of it):  token_s · ΣL + square_s · ΣL² + sequence_s · n + microbatch_s  (sequence_s: what
-attention and the loss pay per packed sequence, e.g. one kernel call each under CP).
-Each activation or gradient sent between pipeline stages costs p2p_s (per micro-batch, per
-send); the step ends with the DP gradient all-reduce and the optimizer step, once each.
+of it): token_s · ΣL + square_s · ΣL² + sequence_s · n + microbatch_s (sequence_s: what
+attention and the loss pay per packed sequence, e.g. one kernel call each under CP). Each
+exchange between pipeline stages (one blocking call of megatron's schedule, sending and
+receiving activations and gradients; schedule.pipeline) costs p2p_s; the step ends with the DP
+gradient all-reduce and the optimizer step, once each.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime_hydra.schedule.pipeline import simulate_pipeline, stage_order
+from slime_hydra.schedule.pipeline import Exchange, simulate_pipeline, stage_calls, stage_order
 
 
 @pytest.mark.parametrize(("pp", "m"), [(1, 4), (2, 4), (2, 8), (4, 8), (4, 16)])
@@ -45,7 +45,58 @@ def test_stage_order_runs_every_op_once_in_megatron_order():
     assert ops[4:6] == [("F", 0, 2), ("B", 1, 0)]
 
 
-def test_partial_groups_and_tiny_counts_do_not_deadlock():
-    for m in (1, 2, 3, 5):
-        timing = simulate_pipeline([1.0] * m, pp=2, vpp=2, group=2)
-        assert timing.step_s > 0
+def test_a_partial_virtual_pipeline_group_is_refused():
+    # megatron's first stage receives chunk inputs pp - 1 steps after the last stage sent them,
+    # which holds for whole groups only: 3 micro-batches in groups of 2 would hang.
+    with pytest.raises(ValueError, match="whole groups of 2"):
+        simulate_pipeline([1.0] * 3, pp=2, vpp=2, group=2)
+
+
+def test_interleaved_calls_are_megatrons_by_hand():
+    # pp=2, vpp=2, group=2, 2 micro-batches: virtual micro-batches (mb, chunk) (0,0) (1,0) (0,1)
+    # (1,1). Stage 0 warms up through all 4 (warm-up (2-0-1)·2 + 2 = 4), receiving chunk 1's
+    # inputs at k=1 and 2 (one step after stage 1 sent them), then runs the 4 backwards.
+    f, b = "F", "B"
+    assert stage_calls(0, 2, 2, 2, 2) == [
+        (f, 0, 0), Exchange(send_next=True),
+        (f, 0, 1), Exchange(send_next=True, recv_prev=True),
+        (f, 1, 0), Exchange(send_next=True, recv_prev=True),
+        (f, 1, 1), Exchange(send_next=True),
+        Exchange(recv_next=True),
+        (b, 1, 0), Exchange(send_prev=True, recv_next=True),
+        (b, 1, 1), Exchange(send_prev=True, recv_next=True),
+        (b, 0, 0), Exchange(recv_next=True),
+        (b, 0, 1),
+    ]  # fmt: skip
+    # Stage 1 (last): warm-up 2, then two steady steps of F and B with one exchange each; its
+    # chunk-1 outputs are the loss (no send), its first backward input is its own loss.
+    assert stage_calls(1, 2, 2, 2, 2) == [
+        Exchange(recv_prev=True),
+        (f, 0, 0), Exchange(send_next=True, recv_prev=True),
+        (f, 0, 1), Exchange(send_next=True, recv_prev=True),
+        (f, 1, 0), (b, 1, 0), Exchange(recv_prev=True, send_prev=True),
+        (f, 1, 1), (b, 1, 1), Exchange(send_prev=True, recv_next=True),
+        (b, 0, 0), Exchange(send_prev=True, recv_next=True),
+        (b, 0, 1), Exchange(send_prev=True),
+    ]  # fmt: skip
+
+
+def test_a_stage_waits_at_its_exchange_for_both_inputs():
+    # pp=2, vpp=2, group=3, stage-chunk forwards 1, 1, 2 (backwards 2, 2, 4), traced by hand:
+    # stage 1 finishes B(0, 0) at 21 and exchanges (send that gradient, receive the next
+    # one) with stage 0, which reaches its exchange only after B(1, 2) at 23; stage 0's last
+    # backward runs 29-33. Ops that waited only for their own input would end at 30.
+    timing = simulate_pipeline([4.0, 4.0, 8.0], pp=2, vpp=2, group=3)
+    assert timing.step_s == pytest.approx(33.0)
+    assert timing.busy_s == (24.0, 24.0)
+
+
+def test_an_exchange_waits_for_its_peer():
+    # The case above with whole-model forwards 4 and 2 (a stage-chunk forward 1 and 0.5):
+    # stage 1 ends its second steady step at 7.5 but its exchange returns only when stage 0,
+    # busy with B(1, 0) until 8, reaches its own; the step ends at 13 with 9 busy per stage.
+    timing = simulate_pipeline([4.0, 2.0], pp=2, vpp=2, group=2)
+    assert timing.step_s == pytest.approx(13.0)
+    assert timing.busy_s == (9.0, 9.0)
+    # Each exchange costs p2p_s once, however many transfers it carries.
+    assert simulate_pipeline([4.0, 2.0], pp=2, vpp=2, group=2, p2p_s=0.25).step_s > 13.0
