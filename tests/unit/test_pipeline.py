@@ -68,14 +68,17 @@ def test_interleaved_calls_are_megatrons_by_hand():
         (b, 0, 0), Exchange(recv_next=True),
         (b, 0, 1),
     ]  # fmt: skip
-    # Stage 1 (last): warm-up 2, then two steady steps of F and B with one exchange each; its
-    # chunk-1 outputs are the loss (no send), its first backward input is its own loss.
+    # Stage 1 (last): warm-up 2, then two steady steps, each a forward with its exchange and a
+    # backward with its own (the engine overlaps p2p); its chunk-1 outputs are the loss (no
+    # send, so the last forward has no exchange), its first backward input is its own loss.
     assert stage_calls(1, 2, 2, 2, 2) == [
         Exchange(recv_prev=True),
         (f, 0, 0), Exchange(send_next=True, recv_prev=True),
         (f, 0, 1), Exchange(send_next=True, recv_prev=True),
-        (f, 1, 0), (b, 1, 0), Exchange(recv_prev=True, send_prev=True),
-        (f, 1, 1), (b, 1, 1), Exchange(send_prev=True, recv_next=True),
+        (f, 1, 0), Exchange(recv_prev=True),
+        (b, 1, 0), Exchange(send_prev=True),
+        (f, 1, 1),
+        (b, 1, 1), Exchange(send_prev=True, recv_next=True),
         (b, 0, 0), Exchange(send_prev=True, recv_next=True),
         (b, 0, 1), Exchange(send_prev=True),
     ]  # fmt: skip

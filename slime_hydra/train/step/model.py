@@ -102,6 +102,7 @@ def transformer_config(
         microbatch_group_size_per_vp_stage=microbatch_group_size_per_vp_stage,
         context_parallel_size=parallel_state.get_context_parallel_world_size(),
         calculate_per_token_loss=True,
+        # schedule/pipeline.py replays these p2p calls (overlapped under VPP, batched without).
         overlap_p2p_comm=interleaved,
         batch_p2p_comm=not interleaved,
         params_dtype=params_dtype,
