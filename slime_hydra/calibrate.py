@@ -9,9 +9,10 @@ launcher of train/run/launch.py, the same engine, backend and dtype) and train o
 calibration grid (calibration.calibration_grid) instead of the rollout: every composition once
 as a warm-up step, then `--repeats` times in alternating order. Per step they time the step as
 the training loop times perf/step_s, the part of it in megatron's schedule, and the gradient
-all-reduce inside it (finalize_model_grads); the fit (calibration.fit_step_cost) gives the
-per-token, per-L², per-micro-batch and p2p terms from the schedule's time, the all-reduce and
-the optimizer step (with the iterator and whatever else is outside the schedule) as medians.
+all-reduce inside it (finalize_model_grads); with pp > 1 they also time the exchange between
+pipeline stages on its own (p2p_s). The fit (calibration.fit_step_cost) gives the per-token,
+per-L², per-sequence and per-micro-batch terms from the schedule's time, the all-reduce and the
+optimizer step (with the iterator and whatever else is outside the schedule) as medians.
 
 What the model leaves out: the p2p term is one cost per exchange whatever its size (activations
 grow with tokens); compute per token is taken as constant across micro-batch sizes (no cache
@@ -185,12 +186,14 @@ def calibrate(
         )
         start_workers(trainer, job, "slime_hydra.train.run.calibrate:measure")
         timings = json.loads((Path(tmp) / TIMINGS).read_text())
-    samples = timed_samples(grid, order, timings)
-    cost, stderr = fit_step_cost(samples, layout, job.cost, source=str(out))
+    samples = timed_samples(grid, order, timings["steps"])
+    exchange_s = timings["exchange_s"]
+    cost, stderr = fit_step_cost(samples, layout, job.cost, str(out), exchange_s)
     for sample in samples:
         ranks = sample_ranks(sample, layout.dp)
         sample["predicted_step_s"] = simulate_step(ranks, layout, cost).step_s
-    text = calibration_json(cost, stderr, job.dims.name, device_name(trainer), layout, samples)
+    device = device_name(trainer)
+    text = calibration_json(cost, stderr, job.dims.name, device, layout, samples, exchange_s)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_file(out, text, out.parent)
     report(cost, stderr, samples, out)
@@ -201,7 +204,7 @@ def report(cost: StepCost, stderr: dict[str, float], samples: list[dict], out: P
     """The terms with their units and standard errors, and how well they explain the steps."""
     for name, unit in UNITS.items():
         error = stderr.get(name)
-        plus = "(not fitted: pp=1)" if error is None else f"± {error:.3g}"
+        plus = "(not measured: pp=1)" if error is None else f"± {error:.3g}"
         log.info("  %-13s %.4g %s %s", name, getattr(cost, name), plus, unit)
     ratios = [s["step_s"] / s["predicted_step_s"] for s in samples]
     log.info(

@@ -6,7 +6,8 @@ for plan mode, the trainers' sim/step_s and batching.count=fastest.
      "layout": {"dp": 2, "tp": 1, "pp": 2, "vpp": 2, "cp": 1},
      "terms": {"token_s": ..., "square_s": ..., "microbatch_s": ..., "sequence_s": ...,
                "p2p_s": ..., "allreduce_s": ..., "optimizer_s": ...},
-     "stderr": {...the same keys...}, "samples": [...what was timed...]}
+     "stderr": {...the same keys...}, "samples": [...the timed steps...],
+     "exchange_s": [...the timed p2p exchanges, pp > 1...]}
 
 The terms are per model replica of the layout, so a file holds for one model and one
 (tp, pp, vpp, cp); dp changes only the all-reduce, which the file measured at its own dp.
@@ -74,6 +75,7 @@ def calibration_json(
     device: str,
     layout: ParallelLayout,
     samples: list[dict[str, Any]],
+    exchange_s: Sequence[float] = (),
 ) -> str:
     """The text of a calibration file for `cost` (see the module docstring)."""
     terms = {k: getattr(cost, k) for k in StepCost.__dataclass_fields__ if k != "source"}
@@ -85,12 +87,13 @@ def calibration_json(
         "terms": terms,
         "stderr": dict(stderr),
         "samples": samples,
+        "exchange_s": list(exchange_s),
     }
     return json.dumps(data, indent=1) + "\n"
 
 
-PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
-"""The terms fitted to the time in megatron's schedule (p2p_s, the last, only where pp > 1)."""
+PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s")
+"""The terms fitted to the time in megatron's schedule; p2p_s is measured on its own."""
 
 
 def calibration_grid(
@@ -137,51 +140,72 @@ def sample_ranks(sample: Mapping[str, Any], dp: int) -> list[list[list[int]]]:
 
 
 def fit_step_cost(
-    samples: Sequence[Mapping[str, Any]], layout: ParallelLayout, start: StepCost, source: str
+    samples: Sequence[Mapping[str, Any]],
+    layout: ParallelLayout,
+    start: StepCost,
+    source: str,
+    exchange_s: Sequence[float] = (),
 ) -> tuple[StepCost, dict[str, float]]:
     """The step cost that explains the timed steps, with each term's standard error.
 
     Each sample is a timed step: `num_microbatches` micro-batches of the sequence `microbatch`
     lengths on every DP rank, `pipeline_s` seconds in megatron's schedule outside the gradient
     all-reduce, `allreduce_s` of that all-reduce and `optimizer_s` of the rest of the step.
-    The pipeline terms minimise the relative squared error of the simulated pipeline
-    (schedule/steptime.py, the same simulation the runs' sim/step_s comes from) against
-    `pipeline_s`: Gauss-Newton from `start`, the simulation linear in the terms along a
-    critical path; a term the fit drives below zero is held at zero. The all-reduce and the
-    optimizer step are the medians of their timings (their stderr: the mean's)."""
-    terms = list(PIPELINE_TERMS if layout.pp > 1 else PIPELINE_TERMS[:-1])
+    With pp > 1, p2p_s is the median of `exchange_s`, exchanges timed on their own: over a grid
+    of equal micro-batches the exchanges grow with the count as microbatch_s does, so a fit
+    cannot split the two. The other pipeline terms minimise the relative squared error of the
+    simulated pipeline (schedule/steptime.py, the same simulation the runs' sim/step_s comes
+    from) against `pipeline_s`: Gauss-Newton from `start`, the simulation linear in the terms
+    along a critical path; a term the fit drives below zero is held at zero. The all-reduce and
+    the optimizer step are the medians of their timings (their stderr, and p2p_s's: the
+    mean's)."""
+    terms = list(PIPELINE_TERMS)
     if len(samples) <= len(terms):
         raise SlimeHydraError(
             f"fitting {len(terms)} step cost terms takes more than {len(terms)} timed steps, "
             f"got {len(samples)}; time a larger grid (python -m slime_hydra.calibrate)."
         )
+    if (layout.pp > 1) != (len(exchange_s) > 1):
+        raise SlimeHydraError(
+            f"pp={layout.pp} takes {'at least 2' if layout.pp > 1 else 'no'} timed rounds of "
+            f"p2p exchanges, got {len(exchange_s)}; recalibrate (python -m slime_hydra.calibrate)."
+        )
     ranks = [sample_ranks(s, layout.dp) for s in samples]
     measured = np.array([float(s["pipeline_s"]) for s in samples])
-    cost = replace(start, allreduce_s=0.0, optimizer_s=0.0, source=source)
+    tail = {name: [float(s[name]) for s in samples] for name in ("allreduce_s", "optimizer_s")}
+    if layout.pp > 1:
+        tail["p2p_s"] = list(exchange_s)
+    cost = replace(start, allreduce_s=0.0, optimizer_s=0.0, p2p_s=0.0, source=source)
+    if layout.pp > 1:
+        cost = replace(cost, p2p_s=float(np.median(exchange_s)))
     for _ in range(50):
-        weighted = pipeline_jacobian(ranks, layout, cost, terms) / measured[:, None]
         before = np.array([getattr(cost, t) for t in terms])
-        fitted = nonnegative_fit(weighted, np.ones(len(samples)))
+        base, jacobian = pipeline_jacobian(ranks, layout, cost, terms)
+        weighted = jacobian / measured[:, None]
+        # What the fitted terms must explain: the time less the exchanges on the critical path.
+        target = (measured - (base - jacobian @ before)) / measured
+        fitted = nonnegative_fit(weighted, target)
         cost = replace(cost, **dict(zip(terms, fitted.tolist(), strict=True)))
         if np.allclose(fitted, before, rtol=1e-9, atol=0.0):
             break
-    residual = 1.0 - weighted @ fitted
+    residual = target - weighted @ fitted
     variance = float(residual @ residual) / (len(samples) - len(terms))
     covariance = np.linalg.pinv(weighted.T @ weighted) * variance
     stderr = dict(zip(terms, np.sqrt(np.diag(covariance)).tolist(), strict=True))
-    tail = {}
-    for name in ("allreduce_s", "optimizer_s"):
-        timed = np.array([float(s[name]) for s in samples])
-        tail[name] = float(np.median(timed))
+    medians = {}
+    for name, values in tail.items():
+        timed = np.array(values)
+        medians[name] = float(np.median(timed))
         stderr[name] = float(timed.std(ddof=1) / np.sqrt(timed.size))
-    return replace(cost, **tail), stderr
+    return replace(cost, **medians), stderr
 
 
 def pipeline_jacobian(
     ranks: Sequence[list[list[list[int]]]], layout: ParallelLayout, cost: StepCost, terms: list[str]
-) -> np.ndarray:
-    """d(simulated pipeline seconds)/d(term) of each step, by a forward difference: exact along
-    the critical path at `cost` (the simulation is piecewise linear in the terms)."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's simulated pipeline seconds at `cost` and their derivatives by the `terms`,
+    by a forward difference: exact along the critical path at `cost` (the simulation is
+    piecewise linear in the terms)."""
     base = np.array([simulate_step(r, layout, cost).step_s for r in ranks])
     columns = []
     for name in terms:
@@ -189,7 +213,7 @@ def pipeline_jacobian(
         moved = replace(cost, **{name: getattr(cost, name) + step})
         after = np.array([simulate_step(r, layout, moved).step_s for r in ranks])
         columns.append((after - base) / step)
-    return np.stack(columns, axis=1)
+    return base, np.stack(columns, axis=1)
 
 
 def nonnegative_fit(design: np.ndarray, target: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ logs the calibrated prediction sim/step_s beside the measured perf/step_s."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,20 @@ def test_training_logs_prediction_beside_measurement(tmp_path: Path, calibration
     for row in rows:
         assert row["perf/sim_ratio"] == pytest.approx(row["perf/step_s"] / row["sim/step_s"])
         assert 0 <= row["sim/bubble_frac"] < 1
+
+
+def test_a_pipeline_calibration_times_its_exchanges(tmp_path: Path) -> None:
+    # pp=2 vpp=2: p2p_s is measured on its own (8 timed rounds of exchanges through megatron's
+    # P2PCommunicator), not fitted: it is their median, with the mean's standard error.
+    out = tmp_path / "tiny-pp2.json"
+    cmd = [sys.executable, "-W", "ignore", "-m", "slime_hydra.calibrate", "--out", str(out)]
+    args = ["--repeats", "2", "--max-tokens", "256", "logger=jsonl", "model.num_layers=4"]
+    args += ["parallel.dp=1", "parallel.pp=2", "parallel.vpp=2"]
+    args += ["parallel.microbatch_group_size_per_vp_stage=2"]
+    proc = subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    data = json.loads(out.read_text())
+    exchanges = data["exchange_s"]
+    assert len(exchanges) == 8 and all(0 < s < 1 for s in exchanges)
+    assert data["terms"]["p2p_s"] == pytest.approx(statistics.median(exchanges))
+    assert data["stderr"]["p2p_s"] > 0

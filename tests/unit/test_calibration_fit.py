@@ -23,7 +23,13 @@ DP2 = ParallelLayout(dp=2)
 PP2_VPP2 = ParallelLayout(pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
 TRUE = StepCost(2e-5, 3e-9, 4e-3, sequence_s=5e-4, p2p_s=1e-3, allreduce_s=0.01, optimizer_s=0.02)
 START = StepCost(1e-6, 1e-10, 1e-4)  # far from TRUE, as the analytic model is on CPU
-PIPELINE = ("token_s", "square_s", "microbatch_s", "sequence_s", "p2p_s")
+PIPELINE = ("token_s", "square_s", "microbatch_s", "sequence_s")
+
+
+def exchanges(layout: ParallelLayout, cost: StepCost, noise: float = 0.0, seed: int = 0) -> list:
+    """Eight timed rounds of p2p exchanges under `cost` (none without a pipeline)."""
+    rng = np.random.default_rng(seed + 1000)
+    return [cost.p2p_s * (1 + noise * rng.standard_normal()) for _ in range(8 * (layout.pp > 1))]
 
 
 def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 0) -> list[dict]:
@@ -50,8 +56,9 @@ def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 
 @pytest.mark.parametrize("layout", [DP2, PP2_VPP2], ids=["dp2", "pp2_vpp2"])
 def test_exact_timings_give_back_the_terms(layout: ParallelLayout) -> None:
     true = TRUE if layout.pp > 1 else StepCost(**{**TRUE.__dict__, "p2p_s": 0.0})
-    cost, stderr = fit_step_cost(synthetic(layout, true, noise=0.0), layout, START, "f.json")
-    terms = PIPELINE if layout.pp > 1 else PIPELINE[:-1]
+    samples = synthetic(layout, true, noise=0.0)
+    cost, stderr = fit_step_cost(samples, layout, START, "f.json", exchanges(layout, true))
+    terms = (*PIPELINE, "p2p_s") if layout.pp > 1 else PIPELINE
     for name in (*terms, "allreduce_s", "optimizer_s"):
         assert getattr(cost, name) == pytest.approx(getattr(true, name), rel=1e-6), name
         assert stderr[name] < 1e-6 * getattr(true, name), name
@@ -62,8 +69,9 @@ def test_exact_timings_give_back_the_terms(layout: ParallelLayout) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_standard_errors_cover_the_terms_under_noise(seed: int) -> None:
     samples = synthetic(PP2_VPP2, TRUE, noise=0.02, seed=seed)
-    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f.json")
-    for name in PIPELINE:
+    measured = exchanges(PP2_VPP2, TRUE, noise=0.02, seed=seed)
+    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f.json", measured)
+    for name in (*PIPELINE, "p2p_s"):
         assert abs(getattr(cost, name) - getattr(TRUE, name)) < 4 * stderr[name], name
         assert stderr[name] < 0.5 * getattr(TRUE, name), name  # the grid tells them apart
 
@@ -78,9 +86,28 @@ def test_a_term_the_data_does_not_need_is_held_at_zero() -> None:
 
 
 def test_too_few_timed_steps_are_refused() -> None:
-    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:5]
-    with pytest.raises(SlimeHydraError, match="more than 5 timed steps, got 5"):
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:4]
+    with pytest.raises(SlimeHydraError, match="more than 4 timed steps, got 4"):
+        fit_step_cost(samples, PP2_VPP2, START, "f", exchanges(PP2_VPP2, TRUE))
+
+
+def test_a_pipeline_takes_its_timed_exchanges() -> None:
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)
+    with pytest.raises(SlimeHydraError, match="pp=2 takes at least 2 timed rounds"):
         fit_step_cost(samples, PP2_VPP2, START, "f")
+    with pytest.raises(SlimeHydraError, match="pp=1 takes no timed rounds"):
+        fit_step_cost(synthetic(DP2, TRUE, noise=0.0), DP2, START, "f", [1e-3, 1e-3])
+
+
+def test_the_exchanges_on_the_critical_path_are_not_fitted_again() -> None:
+    # p2p_s measured at twice the truth: the step's other terms absorb the difference (the
+    # fit explains the same times), but p2p_s is the measured median, not refitted.
+    measured = [2 * TRUE.p2p_s, 2 * TRUE.p2p_s, 2.2 * TRUE.p2p_s]
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)
+    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f", measured)
+    assert cost.p2p_s == pytest.approx(2 * TRUE.p2p_s)
+    assert stderr["p2p_s"] == pytest.approx(np.std(measured, ddof=1) / np.sqrt(3))
+    assert cost.microbatch_s < TRUE.microbatch_s
 
 
 def test_the_grid_separates_the_terms() -> None:
@@ -140,13 +167,13 @@ def test_steps_run_once_as_warm_up_then_in_alternating_passes() -> None:
 
 def test_the_written_file_loads_as_the_fitted_cost(tmp_path) -> None:
     samples = synthetic(PP2_VPP2, TRUE, noise=0.0)
-    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f")
+    measured = exchanges(PP2_VPP2, TRUE)
+    cost, stderr = fit_step_cost(samples, PP2_VPP2, START, "f", measured)
     path = tmp_path / "cal.json"
-    path.write_text(calibration_json(cost, stderr, "tiny", "cpu", PP2_VPP2, samples))
+    path.write_text(calibration_json(cost, stderr, "tiny", "cpu", PP2_VPP2, samples, measured))
     loaded = load_step_cost(path, "tiny", PP2_VPP2)
-    assert [getattr(loaded, k) for k in (*PIPELINE, "allreduce_s", "optimizer_s")] == [
-        getattr(cost, k) for k in (*PIPELINE, "allreduce_s", "optimizer_s")
-    ]
+    names = (*PIPELINE, "p2p_s", "allreduce_s", "optimizer_s")
+    assert [getattr(loaded, k) for k in names] == [getattr(cost, k) for k in names]
 
 
 def test_the_grid_job_gives_every_rank_the_grid_and_each_sample_once(compose_cfg, tmp_path):

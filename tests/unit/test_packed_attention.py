@@ -134,3 +134,34 @@ def test_plain_packed_seq_params_are_refused_naming_the_builder(attention):
     with pytest.raises(ValueError, match=r"thd_params"):
         q, k, v = draw(4, HEADS, 0), draw(4, GROUPS, 1), draw(4, GROUPS, 2)
         attention(q, k, v, None, packed_seq_params=params)
+
+
+def graph_names(tensor: torch.Tensor) -> set[str]:
+    """The names of every autograd node behind `tensor`."""
+    seen, stack, names = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack += [next_node for next_node, _ in node.next_functions]
+    return names
+
+
+@pytest.mark.parametrize("cp", [1, 2])
+def test_outputs_are_joined_not_written_into_a_buffer(attention, cp):
+    # A slice write per sequence puts a CopySlices node in the graph whose backward copies
+    # the whole output once per sequence: quadratic in a micro-batch of many short sequences.
+    lengths = [4 * cp] * 6
+    bounds = [0, *accumulate(lengths)]
+    q, k, v = (
+        draw(bounds[-1], h, s).requires_grad_() for h, s in ((HEADS, 6), (GROUPS, 7), (GROUPS, 8))
+    )
+    if cp == 1:
+        out = attention(q, k, v, None, packed_seq_params=thd_params(bounds))
+    else:
+        local = zigzag(q.detach(), lengths, cp, 0).requires_grad_()
+        out = attention.attend_context_parallel(local, k, v, tuple(bounds), cp, 0, 0.0)
+    assert "CatBackward0" in graph_names(out)
+    assert not any(name.startswith("CopySlices") for name in graph_names(out))

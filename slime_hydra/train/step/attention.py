@@ -140,7 +140,9 @@ class PackedCausalAttention(MegatronModule):
         params: PackedSeqParams,
         dropout_p: float,
     ) -> torch.Tensor:
-        """Causal attention inside each packed sequence."""
+        """Causal attention inside each packed sequence. The sequences' outputs are
+        concatenated, not written into one buffer: autograd's backward of n slice writes
+        copies the whole buffer n times (quadratic in a micro-batch of many short sequences)."""
         if query.dim() == 4:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
         bounds = sequence_bounds(params)
@@ -155,13 +157,13 @@ class PackedCausalAttention(MegatronModule):
             raise ValueError(
                 f"cu_seqlens_q covers {bounds[-1]} tokens but the packed input holds {total}"
             )
-        out = query.new_zeros(total, self.num_heads_per_partition, self.head_dim)
+        parts = []
         for start, end in pairwise(bounds):
             if end == start:
                 continue
             q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
-            out[start:end] = self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1)
-        return out.reshape(total, -1)
+            parts.append(self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1))
+        return torch.cat(parts).reshape(total, -1)
 
     def attend_context_parallel(
         self,
@@ -180,7 +182,7 @@ class PackedCausalAttention(MegatronModule):
             raise ValueError(
                 f"cu_seqlens_q ends at {bounds[-1]} but {cp} CP ranks hold {local} tokens each"
             )
-        out = query.new_zeros(local, self.num_heads_per_partition, self.head_dim)
+        parts = []  # rows in order: each sequence's two local chunks follow the last's
         for start, end in pairwise(bounds):
             chunk = (end - start) // (2 * cp)
             if chunk == 0:
@@ -199,8 +201,8 @@ class PackedCausalAttention(MegatronModule):
                     chunk, (part + 1) * chunk, dtype=torch.bool, device=query.device
                 ).tril(part * chunk)
                 attended = self._attend(q, k, v, dropout_p, mask)
-                out[at : at + chunk] = attended.squeeze(0).transpose(0, 1)
-        return out.reshape(local, -1)
+                parts.append(attended.squeeze(0).transpose(0, 1))
+        return torch.cat(parts).reshape(local, -1)
 
 
 def sequence_bounds(params: PackedSeqParams) -> tuple[int, ...]:
