@@ -34,7 +34,7 @@ import numpy as np
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.files import parse_json, read_text
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.steptime import StepCost, simulate_step
+from slime_hydra.schedule.steptime import TERMS, StepCost, simulate_step
 
 FORMAT = 1
 SHAPE = ("tp", "pp", "vpp", "cp")
@@ -78,7 +78,7 @@ def calibration_json(
     exchange_s: Sequence[float] = (),
 ) -> str:
     """The text of a calibration file for `cost` (see the module docstring)."""
-    terms = {k: getattr(cost, k) for k in StepCost.__dataclass_fields__ if k != "source"}
+    terms = {k: getattr(cost, k) for k in TERMS}
     data = {
         "format": FORMAT,
         "model": model,

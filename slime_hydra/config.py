@@ -11,7 +11,7 @@ import difflib
 import inspect
 import logging
 import math
-from dataclasses import dataclass, field, fields, make_dataclass
+from dataclasses import dataclass, field, fields, make_dataclass, replace
 from typing import Any, NamedTuple, get_type_hints
 
 from hydra.core.config_store import ConfigStore
@@ -19,6 +19,7 @@ from hydra.utils import get_object
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from slime_hydra.calibration import load_step_cost
+from slime_hydra.data.iterator import padding
 from slime_hydra.data.rollout import RolloutBatch
 from slime_hydra.data.slime_dump import SlimeDump
 from slime_hydra.data.synthetic import SyntheticGRPO
@@ -287,16 +288,20 @@ def check_integers(cfg: DictConfig) -> None:
 
 def step_cost_of(cfg: DictConfig, dims: ModelDims, layout: ParallelLayout) -> StepCost:
     """The run's step cost model: trainer.cost's calibration, else the analytic model of the
-    trainer's achieved_tflops and microbatch_overhead_ms (schedule/steptime.py)."""
+    trainer's achieved_tflops and microbatch_overhead_ms (schedule/steptime.py), for micro-batches
+    packed as the iterator packs them."""
     path = OmegaConf.select(cfg, "trainer.cost")
     if path:
-        return load_step_cost(path, dims.name, layout)
-    return StepCost.analytic(
-        flops_coefficients(dims),
-        cfg.trainer.achieved_tflops,
-        cfg.trainer.microbatch_overhead_ms,
-        layout,
-    )
+        cost = load_step_cost(path, dims.name, layout)
+    else:
+        cost = StepCost.analytic(
+            flops_coefficients(dims),
+            cfg.trainer.achieved_tflops,
+            cfg.trainer.microbatch_overhead_ms,
+            layout,
+        )
+    multiple = padding(OmegaConf.select(cfg, "iterator.pad_multiple"), layout.tp, layout.cp)
+    return replace(cost, pad_multiple=multiple, cp=layout.cp)
 
 
 class Validated(NamedTuple):

@@ -15,7 +15,7 @@ gradient all-reduce and the optimizer step, once each.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -28,10 +28,25 @@ from slime_hydra.schedule.pipeline import PipelineTiming, simulate_pipeline
 BACKWARD_SHARE = 2 / 3  # backward costs twice the forward
 
 
+TERMS = (
+    "token_s",
+    "square_s",
+    "microbatch_s",
+    "sequence_s",
+    "p2p_s",
+    "allreduce_s",
+    "optimizer_s",
+)
+"""The step cost's terms, in seconds (a calibration file's `terms`)."""
+
+
 @dataclass(frozen=True)
 class StepCost:
     """Seconds per term of a step (see the module docstring); `source` says where they came
-    from: a calibration file, or "analytic" (uncalibrated)."""
+    from: a calibration file, or "analytic" (uncalibrated). `pad_multiple` and `cp` say how the
+    engine packs a micro-batch (data/packing.py), so that it costs the tokens the engine runs:
+    under context parallelism each sequence rounded up to a multiple of 2·cp, and each rank's
+    share of the packed row padded to a multiple of `pad_multiple` by one more sequence."""
 
     token_s: float
     square_s: float
@@ -41,15 +56,22 @@ class StepCost:
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
     source: str = "analytic"
+    pad_multiple: int = 1
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name != "source" and not (isinstance(value, float | int) and 0 <= value < 1e6):
+        for name in TERMS:
+            value = getattr(self, name)
+            if not (isinstance(value, float | int) and 0 <= value < 1e6):
                 raise SlimeHydraError(
-                    f"step cost {f.name}={value!r} ({self.source}) must be a number of seconds "
+                    f"step cost {name}={value!r} ({self.source}) must be a number of seconds "
                     ">= 0; recalibrate (python -m slime_hydra.calibrate) or drop trainer.cost."
                 )
+        if self.pad_multiple < 1 or self.cp < 1:
+            raise SlimeHydraError(
+                f"step cost packing pad_multiple={self.pad_multiple}, cp={self.cp}: both must "
+                "be at least 1 (iterator.pad_multiple, parallel.cp)."
+            )
 
     @classmethod
     def analytic(
@@ -69,7 +91,7 @@ class StepCost:
     @classmethod
     def from_mapping(cls, terms: Mapping[str, object], source: str) -> StepCost:
         """Build from a calibration file's `terms`, naming any unknown or missing term."""
-        known = {f.name for f in fields(cls)} - {"source"}
+        known = set(TERMS)
         unknown = sorted(set(terms) - known)
         missing = sorted({"token_s", "square_s", "microbatch_s"} - set(terms))
         if unknown or missing:
@@ -155,11 +177,16 @@ def rank_timing(seconds: Sequence[float], layout: ParallelLayout, cost: StepCost
 
 
 def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost) -> np.ndarray:
-    """Forward+backward seconds of each micro-batch (`bin_of`: each sample's)."""
+    """Forward+backward seconds of each micro-batch (`bin_of`: each sample's), packed as the
+    engine packs it (StepCost's pad_multiple and cp)."""
     L = sizes.astype(np.float64)
+    if cost.cp > 1:
+        L = np.ceil(L / (2 * cost.cp)) * (2 * cost.cp)
     tokens = np.bincount(bin_of, weights=L, minlength=bins)
     squares = np.bincount(bin_of, weights=L * L, minlength=bins)
-    return cost.seconds(tokens, squares, np.bincount(bin_of, minlength=bins))
+    sequences = np.bincount(bin_of, minlength=bins).astype(np.float64)
+    pad = (-(tokens // cost.cp) % cost.pad_multiple) * cost.cp
+    return cost.seconds(tokens + pad, squares + pad * pad, sequences + (pad > 0))
 
 
 def orders(k: int, seconds: np.ndarray) -> list[np.ndarray]:

@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from slime_hydra.calibration import calibration_json, load_step_cost
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, violations
-from slime_hydra.schedule.steptime import StepCost, rank_order, rank_timing, simulate_step
+from slime_hydra.schedule.steptime import (
+    StepCost,
+    bin_seconds,
+    rank_order,
+    rank_timing,
+    simulate_step,
+)
 from tests.families import FAMILIES, lengths_of
 
 PER_TOKEN = StepCost(token_s=1.0, square_s=0.0, microbatch_s=0.0)  # 1 s per token, fwd+bwd
@@ -27,6 +33,22 @@ def test_equal_microbatches_give_the_textbook_bubble():
     timing = simulate_step([[[3]] * 8], ParallelLayout(pp=4), PER_TOKEN)
     assert timing.step_s == pytest.approx(8.25)
     assert timing.bubble_frac == pytest.approx(3 / 11)
+
+
+def test_a_micro_batch_costs_the_tokens_the_engine_packs():
+    # 1 s a token, 1 ms a squared token, 0.5 s a sequence. Padded to 128 tokens (the iterator's
+    # tp × 128): samples of 100 and 20 tokens run as 128, the 8 of padding one more sequence;
+    # 128 tokens need none.
+    cost = StepCost(1.0, 0.001, 0.0, sequence_s=0.5, pad_multiple=128)
+    seconds = bin_seconds(np.array([0, 0, 1]), np.array([100, 20, 128]), 2, cost)
+    assert seconds == pytest.approx(
+        [128 + 0.001 * (100**2 + 20**2 + 8**2) + 1.5, 128 + 16.384 + 0.5]
+    )
+    # cp=2, pad to 4 a rank: 5 and 3 tokens round up to 8 and 4 (2·cp chunks), 6 a rank pads to
+    # 8: one more sequence of 2 × 2 tokens.
+    cost = StepCost(1.0, 0.001, 0.0, sequence_s=0.5, pad_multiple=4, cp=2)
+    seconds = bin_seconds(np.array([0, 0]), np.array([5, 3]), 1, cost)
+    assert seconds == pytest.approx([16 + 0.001 * (64 + 16 + 16) + 1.5])
 
 
 def test_p2p_sends_and_the_tail_by_hand():

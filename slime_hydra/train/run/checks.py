@@ -37,9 +37,6 @@ def check_training(trainer: CpuTrainer, job: Job) -> None:
     check_devices(trainer, job)
     check_vpp(job.layout, job.schedule)
     check_model_split(job.layout, job.dims.num_layers)
-    from slime_hydra.data.iterator import padding
-
-    padding(job.pad_multiple, job.layout.tp, job.layout.cp)
     env = torchrun_env()
     if env is None:
         nodes, procs = node_count(), num_procs(trainer, job)
