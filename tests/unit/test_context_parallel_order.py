@@ -1,5 +1,5 @@
-"""The CP attention's reassembly: `chunk_rows` finds every chunk of every sequence in the CP
-all-gather, the inverse of the packer's zig-zag split."""
+"""The CP attention's reassembly: `sequence_chunks` finds every chunk of every sequence in the
+CP all-gather, the inverse of the packer's zig-zag split."""
 
 from __future__ import annotations
 
@@ -10,15 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.data.packing import pack_microbatch
-from slime_hydra.train.step.attention import chunk_rows
+from slime_hydra.train.step.attention import sequence_chunks
 from tests.rollouts import random_tokens
 
 
 def test_two_sequences_over_two_ranks_by_hand() -> None:
     # Lengths 4 and 8, cp=2: chunks of 1 and 2 tokens. Rank 0 holds s0[0], s0[3], s1[0:2],
     # s1[6:8] (gathered rows 0-5); rank 1 holds s0[1:3], s1[2:6] (rows 6-11).
-    assert chunk_rows(0, 4, cp=2, local=6) == [0, 6, 7, 1]
-    assert chunk_rows(4, 12, cp=2, local=6) == [2, 8, 10, 4]
+    s0, s1 = sequence_chunks(torch.arange(12), [1, 2], cp=2)
+    assert [c.tolist() for c in s0] == [[0], [6], [7], [1]]
+    assert [c.tolist() for c in s1] == [[2, 3], [8, 9], [10, 11], [4, 5]]
 
 
 @settings(max_examples=60, deadline=None)
@@ -37,10 +38,9 @@ def test_the_chunks_at_those_rows_give_each_sequence_in_order(
         for r in range(cp)
     ]
     cu = ranks[0].cu_seqlens.tolist()
-    local = ranks[0].position_ids.shape[1]
     gathered = torch.cat([mb.position_ids[0] for mb in ranks])
-    for start, end in pairwise(cu[: n + 1]):
-        chunk = (end - start) // (2 * cp)
-        rows = chunk_rows(start, end, cp, local)
-        positions = torch.cat([gathered[r : r + chunk] for r in rows])
-        assert torch.equal(positions, torch.arange(end - start))
+    # cu_seqlens end with the padding sequence (if any): split with the others, not a sequence.
+    chunks = [(end - start) // (2 * cp) for start, end in pairwise(cu)]
+    found = sequence_chunks(gathered, chunks, cp)[:n]
+    for (start, end), pieces in zip(pairwise(cu[: n + 1]), found, strict=True):
+        assert torch.equal(torch.cat(pieces), torch.arange(end - start))

@@ -22,6 +22,7 @@ reads nothing back from the GPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from contextlib import nullcontext
 from itertools import pairwise
 
@@ -140,9 +141,10 @@ class PackedCausalAttention(MegatronModule):
         params: PackedSeqParams,
         dropout_p: float,
     ) -> torch.Tensor:
-        """Causal attention inside each packed sequence. The sequences' outputs are
-        concatenated, not written into one buffer: autograd's backward of n slice writes
-        copies the whole buffer n times (quadratic in a micro-batch of many short sequences)."""
+        """Causal attention inside each packed sequence. The input is split into sequences
+        once and their outputs concatenated once: autograd's backward of a slice (or of a write
+        into a slice) makes a tensor of the whole input, so one per sequence is quadratic in a
+        micro-batch of many short sequences."""
         if query.dim() == 4:
             query, key, value = (x.squeeze(1) for x in (query, key, value))
         bounds = sequence_bounds(params)
@@ -157,12 +159,12 @@ class PackedCausalAttention(MegatronModule):
             raise ValueError(
                 f"cu_seqlens_q covers {bounds[-1]} tokens but the packed input holds {total}"
             )
+        sizes = [end - start for start, end in pairwise(bounds)]
         parts = []
-        for start, end in pairwise(bounds):
-            if end == start:
-                continue
-            q, k, v = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (query, key, value))
-            parts.append(self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1))
+        for size, *qkv in zip(sizes, *(x.split(sizes) for x in (query, key, value)), strict=True):
+            if size:
+                q, k, v = (x.transpose(0, 1).unsqueeze(0) for x in qkv)
+                parts.append(self._attend(q, k, v, dropout_p).squeeze(0).transpose(0, 1))
         return torch.cat(parts).reshape(total, -1)
 
     def attend_context_parallel(
@@ -182,20 +184,19 @@ class PackedCausalAttention(MegatronModule):
             raise ValueError(
                 f"cu_seqlens_q ends at {bounds[-1]} but {cp} CP ranks hold {local} tokens each"
             )
+        chunks = [(end - start) // (2 * cp) for start, end in pairwise(bounds)]
+        halves = query.split([c for c in chunks for _ in range(2)])
+        key_chunks = sequence_chunks(keys, chunks, cp)
+        value_chunks = sequence_chunks(values, chunks, cp)
         parts = []  # rows in order: each sequence's two local chunks follow the last's
-        for start, end in pairwise(bounds):
-            chunk = (end - start) // (2 * cp)
+        for s, chunk in enumerate(chunks):
             if chunk == 0:
                 continue
-            rows = chunk_rows(start, end, cp, local)
             for half, part in enumerate((rank, 2 * cp - 1 - rank)):
-                at = start // cp + half * chunk
-                q = query[at : at + chunk].transpose(0, 1).unsqueeze(0)
+                q = halves[2 * s + half].transpose(0, 1).unsqueeze(0)
                 k, v = (
-                    torch.cat([x[r : r + chunk] for r in rows[: part + 1]])
-                    .transpose(0, 1)
-                    .unsqueeze(0)
-                    for x in (keys, values)
+                    torch.cat(x[s][: part + 1]).transpose(0, 1).unsqueeze(0)
+                    for x in (key_chunks, value_chunks)
                 )
                 mask = torch.ones(
                     chunk, (part + 1) * chunk, dtype=torch.bool, device=query.device
@@ -221,15 +222,19 @@ def sequence_bounds(params: PackedSeqParams) -> tuple[int, ...]:
     return bounds
 
 
-def chunk_rows(start: int, end: int, cp: int, local: int) -> list[int]:
-    """For a sequence at [start, end) of the full packed input (its length a multiple of 2cp),
-    the all-gather row where each of its 2cp chunks begins: chunk c is on CP rank c (c < cp)
-    or 2cp-1-c, whose `local` rows hold chunks r then 2cp-1-r of every sequence in order."""
-    chunk = (end - start) // (2 * cp)
-    first = start // cp
+def sequence_chunks(gathered: torch.Tensor, chunks: Sequence[int], cp: int) -> list[list]:
+    """Each sequence's 2cp chunks in order, out of the CP all-gather (rank r's rows hold chunks
+    r and 2cp-1-r of every sequence, `chunks[s]` tokens each, in sequence order), in one split:
+    its backward joins the gradient once, where a slice per chunk would make a tensor of the
+    whole gather for each."""
+    n = len(chunks)
+    pieces = gathered.split([c for _ in range(cp) for c in chunks for _ in range(2)])
     return [
-        (c * local + first) if c < cp else ((2 * cp - 1 - c) * local + first + chunk)
-        for c in range(2 * cp)
+        [
+            pieces[2 * (c * n + s)] if c < cp else pieces[2 * ((2 * cp - 1 - c) * n + s) + 1]
+            for c in range(2 * cp)
+        ]
+        for s in range(n)
     ]
 
 
