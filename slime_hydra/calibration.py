@@ -173,10 +173,9 @@ def fit_step_cost(
     ranks = [sample_ranks(s, layout.dp) for s in samples]
     measured = np.array([float(s["pipeline_s"]) for s in samples])
     tail = {name: [float(s[name]) for s in samples] for name in ("allreduce_s", "optimizer_s")}
-    if layout.pp > 1:
-        tail["p2p_s"] = list(exchange_s)
     cost = replace(start, allreduce_s=0.0, optimizer_s=0.0, p2p_s=0.0, source=source)
     if layout.pp > 1:
+        tail["p2p_s"] = list(exchange_s)
         cost = replace(cost, p2p_s=float(np.median(exchange_s)))
     for _ in range(50):
         before = np.array([getattr(cost, t) for t in terms])
