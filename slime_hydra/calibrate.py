@@ -1,5 +1,5 @@
 """`python -m slime_hydra.calibrate [--out FILE] [--repeats N] [--max-tokens N]
-[--max-microbatches N] [overrides ...]`:
+[--min-tokens N] [--max-microbatches N] [overrides ...]`:
 measure the step cost model (schedule/steptime.py) of the configured model and layout on this
 machine and write the calibration file (calibration.py) that trainer.cost=FILE loads.
 
@@ -148,6 +148,7 @@ def calibrate(
     repeats: int,
     max_tokens: int,
     max_microbatches: int | None = None,
+    min_tokens: int | None = None,
 ) -> StepCost:
     """Time the grid in this config's workers, fit, write the calibration file to `out`
     (None: default_out)."""
@@ -166,7 +167,7 @@ def calibrate(
     layout = checked.layout
     out = out or default_out(cfg.model.name, layout)
     grid = calibration_grid(
-        layout, max_tokens, max_microbatches, checked.dims.max_position_embeddings
+        layout, max_tokens, max_microbatches, checked.dims.max_position_embeddings, min_tokens
     )
     order = grid_order(len(grid), repeats)
     from slime_hydra.train.run.calibrate import TIMINGS  # torch: once the config is checked
@@ -176,12 +177,13 @@ def calibrate(
         job = grid_job(cfg, Path(tmp), grid, order)
         check(trainer, job)
         log.info(
-            "Calibrating %s on %s: %d grid steps × %d passes (+ warm-up), micro-batches up to "
-            "%d tokens",
+            "Calibrating %s on %s: %d grid steps × %d passes (+ warm-up), micro-batches of "
+            "%d to %d tokens",
             job.dims.name,
             layout,
             len(grid),
             repeats,
+            min(sum(mb) for _, mb in grid),
             max_tokens,
         )
         start_workers(trainer, job, "slime_hydra.train.run.calibrate:measure")
@@ -240,6 +242,13 @@ def main(argv: list[str] | None = None) -> None:
         "(batching.max_tokens_per_gpu × parallel.cp)",
     )
     parser.add_argument(
+        "--min-tokens",
+        type=int,
+        default=None,
+        help="tokens of the smallest micro-batch timed (default --max-tokens/8): down to the "
+        "smallest the runs take, as the fit extrapolates badly below it",
+    )
+    parser.add_argument(
         "--max-microbatches",
         type=int,
         default=None,
@@ -253,7 +262,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
             cfg = compose("config", overrides=args.overrides)
-        calibrate(cfg, args.out, args.repeats, args.max_tokens, args.max_microbatches)
+        calibrate(
+            cfg, args.out, args.repeats, args.max_tokens, args.max_microbatches, args.min_tokens
+        )
     except SlimeHydraError as exc:
         log.error("%s", exc)
         sys.exit(1)

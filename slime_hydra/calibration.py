@@ -101,19 +101,29 @@ def calibration_grid(
     max_tokens: int,
     max_microbatches: int | None = None,
     longest: int | None = None,
+    min_tokens: int | None = None,
 ) -> list[tuple[int, list[int]]]:
     """What calibration times: (micro-batches per DP rank, the sequence lengths of each of
-    them). Micro-batch sizes of max_tokens/8 .. max_tokens, each as one sequence, four equal
-    ones and sixteen short ones of the same total (so the L² and per-sequence terms separate
-    from the token term; no sequence longer than `longest`, the model's positions: more of them
-    where one would be), at 1, 2, 4, ... times the smallest count megatron's schedule takes (the
-    VPP group) up to `max_microbatches` (default 4 groups), so the per-micro-batch term
-    separates from all of them."""
+    them). Micro-batch sizes of max_tokens, max_tokens/2, ... down to `min_tokens` (default
+    max_tokens/8: down to the smallest micro-batches the runs take, as the fit extrapolates
+    badly below it), each as one sequence, four equal ones and sixteen short ones of the same
+    total (so the L² and per-sequence terms separate from the token term; no sequence longer
+    than `longest`, the model's positions: more of them where one would be), at 1, 2, 4, ...
+    times the smallest count megatron's schedule takes (the VPP group) up to
+    `max_microbatches` (default 4 groups), so the per-micro-batch term separates from all of
+    them."""
     if max_tokens < 256:
         raise SlimeHydraError(
             f"calibration needs micro-batches of at least 256 tokens to tell its terms apart; "
             f"--max-tokens={max_tokens} is below that: raise it (at most the token cap, "
             "batching.max_tokens_per_gpu)."
+        )
+    min_tokens = max_tokens // 8 if min_tokens is None else min_tokens
+    if not 16 <= min_tokens <= max_tokens:
+        raise SlimeHydraError(
+            f"--min-tokens={min_tokens}: the smallest micro-batch timed holds sixteen sequences "
+            f"of at least a token and is at most the largest (--max-tokens={max_tokens}); pass "
+            "the smallest micro-batch the runs take (fixed micro_batch_size=1: about one sample)."
         )
     base = layout.vp_group_size if layout.vpp > 1 else 1
     top = 4 * base if max_microbatches is None else max_microbatches
@@ -124,8 +134,10 @@ def calibration_grid(
             f"--max-microbatches {4 * base} or more."
         )
     counts = [base << i for i in range(top.bit_length()) if base << i <= top]
+    sizes = range(max_tokens.bit_length())
+    totals = [max_tokens >> i for i in sizes if max_tokens >> i >= min_tokens]
     grid: list[tuple[int, list[int]]] = []
-    for total in (max_tokens // 8, max_tokens // 4, max_tokens // 2, max_tokens):
+    for total in reversed(totals):
         for split in (1, 4, 16):
             parts = max(split, -(-total // longest)) if longest else split
             for entry in ((count, [total // parts] * parts) for count in counts):

@@ -28,17 +28,18 @@ class Work:
     budget: int
     spent: int = 0
 
-    def charge(self, visits: int) -> None:
-        """Count one pass that visited `visits` items."""
-        self.spent += visits + PASS_OVERHEAD
+    def charge(self, visits: int, passes: int = 1) -> None:
+        """Count `passes` passes (numpy passes over a step: PASS_OVERHEAD each) that visited
+        `visits` items in all."""
+        self.spent += visits + passes * PASS_OVERHEAD
 
     @property
     def left(self) -> bool:
         return self.spent < self.budget
 
-    def affords(self, visits: int) -> bool:
-        """Whether a pass of `visits` item visits fits in what is left."""
-        return self.spent + visits + PASS_OVERHEAD <= self.budget
+    def affords(self, visits: int, passes: int = 1) -> bool:
+        """Whether `passes` passes of `visits` item visits in all fit in what is left."""
+        return self.spent + visits + passes * PASS_OVERHEAD <= self.budget
 
     def paid(self, running: np.ndarray, passes: int = 1) -> int:
         """How many of a pass's pairs, in order, what is left pays for: `running` is the

@@ -40,10 +40,17 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition.balanced import BalancedPacker, even_groups
 from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
+from slime_hydra.partition.multifit import VISITS_PER_ITEM
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
 from slime_hydra.schedule.schedule import StepSchedule
-from slime_hydra.schedule.steptime import StepCost, bin_seconds, fastest_order, simulate_seconds
+from slime_hydra.schedule.steptime import (
+    StepCost,
+    bin_seconds,
+    fastest_order,
+    simulate_seconds,
+    simulation_visits,
+)
 from slime_hydra.schedule.strategy import BatchingStrategy, where
 
 FLOPS_SCALE = 1 << 30  # the costliest sample's weight under balance=flops
@@ -237,13 +244,27 @@ class DynamicBatching(BatchingStrategy):
         the one whose step simulates fastest, each tried with the construction alone (no
         balancing budget) and the chosen one packed again with it, each rank's micro-batches
         in the order its pipeline runs fastest; kept only where it beats the fewest so
-        ordered, so `fastest` never simulates slower than `min`."""
+        ordered, so `fastest` never simulates slower than `min`. The packings and simulations
+        share a work budget of the partitioner's `budget` (a packing VISITS_PER_ITEM visits a
+        sample, a simulation steptime.simulation_visits): counts and orders it cannot pay for
+        are not tried, so it costs at most that budget more than `min`, besides balancing the
+        chosen count (a partitioner call) and simulating it against the fewest."""
         assert self.step_cost is not None
-        g = self.layout.microbatch_alignment
-        alone = self._pack(sizes, weights, k, True, (0, 0))  # the construction, no balancing
+        g, dp = self.layout.microbatch_alignment, self.layout.dp
+        work = Work(self.partitioner.budget)
+        packing = VISITS_PER_ITEM * sizes.size
+
+        def tried(count: int) -> tuple[int, np.ndarray] | None:
+            cost = packing + simulation_visits(self.layout, count, dp)
+            if not work.affords(cost, passes=0):
+                return None
+            work.charge(cost, passes=0)
+            return self._pack(sizes, weights, count, True, (0, 0))  # the construction alone
+
+        alone = tried(k)
         best_s, best_k, slower = self._seconds(sizes, alone), k, 0
-        for cand in range(k + g, k + g * CANDIDATES, g):
-            found = self._pack(sizes, weights, cand, True, (0, 0))
+        for cand in range(k + g, k + g * CANDIDATES, g) if alone is not None else ():
+            found = tried(cand)
             if found is None:
                 break
             seconds = self._seconds(sizes, found)
@@ -253,20 +274,21 @@ class DynamicBatching(BatchingStrategy):
                 slower += 1
                 if slower == 2:
                     break
-        bin_of = self._ordered(sizes, k, bin_of)
+        bin_of = self._ordered(sizes, k, bin_of, work)
         if best_k != k:
             found = self._pack(sizes, weights, best_k, True, self._budget)
             assert found is not None  # packed above with less work
-            faster = self._ordered(sizes, *found)
+            faster = self._ordered(sizes, *found, work)
             if self._seconds(sizes, (best_k, faster)) < self._seconds(sizes, (k, bin_of)):
                 k, bin_of = best_k, faster
         return k, bin_of
 
-    def _ordered(self, sizes: np.ndarray, k: int, bin_of: np.ndarray) -> np.ndarray:
-        """`bin_of` with each rank's micro-batches in the order its pipeline runs fastest."""
+    def _ordered(self, sizes: np.ndarray, k: int, bin_of: np.ndarray, work: Work) -> np.ndarray:
+        """`bin_of` with each rank's micro-batches in the order its pipeline runs fastest, of
+        the orders `work` pays for."""
         assert self.step_cost is not None
         bin_s = bin_seconds(bin_of, sizes, self.layout.dp * k, self.step_cost)
-        return fastest_order(bin_of, bin_s, self.layout, k, self.step_cost)
+        return fastest_order(bin_of, bin_s, self.layout, k, self.step_cost, work)
 
     def _seconds(self, sizes: np.ndarray, found: tuple[int, np.ndarray] | None) -> float:
         """The simulated step time of a packing (`inf` if there is none)."""

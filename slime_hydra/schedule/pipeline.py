@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 Op = tuple[str, int, int]  # ("F" | "B", model chunk, micro-batch)
 
 
@@ -190,6 +192,73 @@ def _programs(pp: int, vpp: int, group: int, num_mb: int) -> tuple[tuple[Step, .
     return tuple(programs)
 
 
+Event = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
+
+
+def event_count(pp: int, vpp: int, group: int, num_mb: int) -> int:
+    """The calls `simulate_pipelines` replays for one pipeline step: what a simulation costs."""
+    return len(_events(pp, vpp, group, num_mb))
+
+
+@lru_cache(maxsize=256)
+def _events(pp: int, vpp: int, group: int, num_mb: int) -> tuple[Event, ...]:
+    """Every stage's steps in one order in which each exchange comes after its peers have
+    reached theirs: (stage, factor, micro-batch, keys, posts), `posts` the keys of the stage's
+    next step where that is an exchange (reached, so posted, once this step ends). Whether a
+    stage waits depends on the calls alone, never on the times, so one order serves every
+    timing."""
+    programs = _programs(pp, vpp, group, num_mb)
+    reached: set[int] = set()
+    cursor = [0] * pp
+    events: list[Event] = []
+    remaining = sum(len(p) for p in programs)
+    while remaining:
+        progressed = False
+        for s, program in enumerate(programs):
+            at = cursor[s]
+            while at < len(program):
+                factor, mb, keys = program[at]
+                reached.update(keys)
+                if any(key ^ 1 not in reached for key in keys):
+                    break
+                after = program[at + 1][2] if at + 1 < len(program) else ()
+                events.append((s, factor, mb, keys, after))
+                at += 1
+            remaining -= at - cursor[s]
+            progressed = progressed or at > cursor[s]
+            cursor[s] = at
+        if not progressed:
+            raise RuntimeError(f"pipeline schedule deadlocked (pp={pp}, vpp={vpp}, m={num_mb})")
+    return tuple(events)
+
+
+def simulate_pipelines(
+    forward_s: np.ndarray, pp: int, vpp: int = 1, group: int | None = None, p2p_s: float = 0.0
+) -> np.ndarray:
+    """The makespans of pipelines over micro-batches with the given whole-model forward times
+    (`forward_s[w, m]`: micro-batch m of pipeline w; backward = 2 × forward), all at once: each
+    stage runs its calls in order, an op for its time, an exchange until every peer of its
+    transfers has reached the matching call, plus `p2p_s`."""
+    width, num_mb = forward_s.shape
+    group = pp if group is None else group
+    chunk_f = np.ascontiguousarray(forward_s.T) / (pp * vpp)  # [m] is micro-batch m's row
+    first = [program[0][2] if program else () for program in _programs(pp, vpp, group, num_mb)]
+    zero = np.zeros(width)
+    clock = [zero] * pp
+    posted = {key: zero for keys in first for key in keys}
+    for s, factor, mb, keys, posts in _events(pp, vpp, group, num_mb):
+        if keys:
+            now = clock[s]
+            for key in keys:
+                now = np.maximum(now, posted[key ^ 1])
+            clock[s] = now + p2p_s
+        else:
+            clock[s] = clock[s] + factor * chunk_f[mb]
+        for key in posts:
+            posted[key] = clock[s]
+    return np.max(clock, axis=0)
+
+
 def simulate_pipeline(
     forward_s: Sequence[float],
     pp: int,
@@ -197,40 +266,10 @@ def simulate_pipeline(
     group: int | None = None,
     p2p_s: float = 0.0,
 ) -> PipelineTiming:
-    """Simulate one DP rank's pipeline over micro-batches with the given whole-model forward
-    times (backward = 2 × forward): each stage runs its calls in order, an op for its time, an
-    exchange until every peer of its transfers has reached the matching call, plus `p2p_s`."""
-    num_mb = len(forward_s)
-    group = pp if group is None else group
-    chunk_f = [f / (pp * vpp) for f in forward_s]
-    programs = _programs(pp, vpp, group, num_mb)
-    posted: dict[int, float] = {}
-    cursor = [0] * pp
-    clock = [0.0] * pp
-    busy = [0.0] * pp
-    remaining = sum(len(p) for p in programs)
-    while remaining:
-        progressed = False
-        for s, program in enumerate(programs):
-            at, now = cursor[s], clock[s]
-            while at < len(program):
-                factor, mb, keys = program[at]
-                if not keys:
-                    cost = chunk_f[mb] * factor
-                    now += cost
-                    busy[s] += cost
-                    at += 1
-                    continue
-                for key in keys:
-                    posted[key] = now
-                peers = [posted.get(key ^ 1) for key in keys]
-                if None in peers:
-                    break
-                now = max(now, *peers) + p2p_s
-                at += 1
-            remaining -= at - cursor[s]
-            progressed = progressed or at > cursor[s]
-            cursor[s], clock[s] = at, now
-        if not progressed:
-            raise RuntimeError(f"pipeline schedule deadlocked (pp={pp}, vpp={vpp}, m={num_mb})")
-    return PipelineTiming(step_s=max(clock), busy_s=tuple(busy))
+    """One pipeline of `simulate_pipelines`, with the busy time of each stage (every stage
+    runs its share of every micro-batch's forward and backward)."""
+    step_s = float(
+        simulate_pipelines(np.array([forward_s], dtype=np.float64), pp, vpp, group, p2p_s)[0]
+    )
+    busy = 3 * float(np.sum(forward_s)) / pp
+    return PipelineTiming(step_s=step_s, busy_s=(busy,) * pp)

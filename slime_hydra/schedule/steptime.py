@@ -22,10 +22,18 @@ from typing import Any
 import numpy as np
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.partition.base import Work
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.pipeline import PipelineTiming, simulate_pipeline
+from slime_hydra.schedule.pipeline import event_count, simulate_pipelines
 
 BACKWARD_SHARE = 2 / 3  # backward costs twice the forward
+
+EVENT_VISITS = 40
+"""What one replayed call of a simulated pipeline costs in `Work` item visits (the planner's
+unit, 40-60 ns): 2.2-2.6 µs a call on this 2-core machine (pp 2-8, vpp 1-2, 16-64
+micro-batches; 2026-12-03), whatever the number of pipelines simulated at once up to ~128;
+each one more adds ~3.5 ns a call, 1/WIDTH_PER_VISIT of a visit."""
+WIDTH_PER_VISIT = 16
 
 
 TERMS = (
@@ -157,23 +165,25 @@ def simulate_seconds(
     `seconds[r]`, in that order, through megatron's 1F1B (interleaved with vpp > 1) pipeline
     schedule (without a pipeline, one after another); the step waits for the slowest rank,
     then all-reduces and steps the optimizer."""
-    if layout.pp == 1:
-        pipe = [float(np.sum(rank)) for rank in seconds]
-        busy = sum(pipe)
-    else:
-        timings = [rank_timing(list(rank), layout, cost) for rank in seconds]
-        pipe = [t.step_s for t in timings]
-        busy = sum(sum(t.busy_s) for t in timings)
-    pipe_s = max(pipe)
-    bubble = 1 - busy / (len(pipe) * layout.pp * pipe_s) if pipe_s else 0.0
+    rows = [np.asarray(rank, dtype=np.float64) for rank in seconds]
+    pipe = np.array([row.sum() for row in rows])
+    if layout.pp > 1:
+        for k in {row.size for row in rows}:  # the ranks of one count simulate at once
+            same = [r for r, row in enumerate(rows) if row.size == k]
+            pipe[same] = pipeline_seconds(np.stack([rows[r] for r in same]), layout, cost)
+    slowest = int(np.argmax(pipe))
+    pipe_s = float(pipe[slowest])
+    busy = sum(float(row.sum()) for row in rows)  # every stage runs 1/pp of every micro-batch
+    bubble = 1 - busy / (len(rows) * layout.pp * pipe_s) if pipe_s else 0.0
     tail = cost.allreduce_s + cost.optimizer_s
-    return StepTiming(pipe_s + tail, bubble, pipe.index(pipe_s), tail)
+    return StepTiming(pipe_s + tail, bubble, slowest, tail)
 
 
-def rank_timing(seconds: Sequence[float], layout: ParallelLayout, cost: StepCost) -> PipelineTiming:
-    """One DP rank's pipeline over micro-batches of these forward+backward `seconds`, in order."""
-    forward = [(1 - BACKWARD_SHARE) * s for s in seconds]
-    return simulate_pipeline(forward, layout.pp, layout.vpp, layout.vp_group_size, cost.p2p_s)
+def pipeline_seconds(seconds: np.ndarray, layout: ParallelLayout, cost: StepCost) -> np.ndarray:
+    """The pipeline's makespan over micro-batches of these forward+backward seconds, in order,
+    for each row of `seconds` (one pipeline each) at once."""
+    forward = (1 - BACKWARD_SHARE) * seconds
+    return simulate_pipelines(forward, layout.pp, layout.vpp, layout.vp_group_size, cost.p2p_s)
 
 
 def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost) -> np.ndarray:
@@ -189,49 +199,84 @@ def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost
     return cost.seconds(tokens + pad, squares + pad * pad, sequences + (pad > 0))
 
 
-def orders(k: int, seconds: np.ndarray) -> list[np.ndarray]:
-    """Orders of a rank's k micro-batches worth trying: as planned, ascending, descending, and
-    the smallest at both ends (ascending from the first to the middle, descending after it),
-    which shortens the warm-up and cool-down that 1F1B leaves idle."""
-    asc = np.argsort(seconds, kind="stable")
-    ends = np.empty(k, dtype=np.int64)
-    ends[: (k + 1) // 2] = asc[0::2]
-    ends[(k + 1) // 2 :] = asc[1::2][::-1]
-    return [np.arange(k), asc, asc[::-1], ends]
+def simulation_visits(layout: ParallelLayout, k: int, width: int) -> int:
+    """What simulating `width` pipelines (DP ranks, or orders of them) of k micro-batches at
+    once costs in `Work` item visits (without a pipeline: a sum per rank)."""
+    if layout.pp == 1:
+        return k * width // WIDTH_PER_VISIT
+    calls = event_count(layout.pp, layout.vpp, layout.vp_group_size, k)
+    return calls * (EVENT_VISITS + width // WIDTH_PER_VISIT)
+
+
+def orders(seconds: np.ndarray) -> np.ndarray:
+    """Orders of each rank's micro-batches (`seconds[r]`) worth trying, `[r, i]` the i-th: as
+    planned, ascending, descending, and the smallest at both ends (ascending from the first to
+    the middle, descending after it), which shortens the warm-up and cool-down that 1F1B leaves
+    idle."""
+    ranks, k = seconds.shape
+    asc = np.argsort(seconds, axis=1, kind="stable")
+    ends = np.concatenate((asc[:, 0::2], asc[:, 1::2][:, ::-1]), axis=1)
+    planned = np.broadcast_to(np.arange(k), (ranks, k))
+    return np.stack((planned, asc, asc[:, ::-1], ends), axis=1)
 
 
 def fastest_order(
-    bin_of: np.ndarray, bin_s: np.ndarray, layout: ParallelLayout, k: int, cost: StepCost
+    bin_of: np.ndarray,
+    bin_s: np.ndarray,
+    layout: ParallelLayout,
+    k: int,
+    cost: StepCost,
+    work: Work,
 ) -> np.ndarray:
     """`bin_of` with each rank's micro-batches (r·k .. r·k + k - 1) reordered to the order its
-    pipeline simulates fastest of those `rank_order` tries."""
+    pipeline simulates fastest of those `rank_orders` tries within `work`."""
     if layout.pp == 1:
         return bin_of
-    place = np.arange(layout.dp * k)
-    for r in range(layout.dp):
-        best = rank_order(bin_s[r * k : (r + 1) * k], layout, cost)
-        place[r * k + best] = r * k + np.arange(k)
+    best = rank_orders(bin_s.reshape(layout.dp, k), layout, cost, work)
+    start = np.arange(layout.dp)[:, None] * k
+    place = np.empty(layout.dp * k, dtype=np.int64)
+    place[(start + best).ravel()] = (start + np.arange(k)).ravel()
     return place[bin_of]
 
 
-def rank_order(seconds: np.ndarray, layout: ParallelLayout, cost: StepCost) -> np.ndarray:
-    """The fastest of `orders`, then the costliest micro-batch moved to each position in turn
-    (k + 4 simulations): where it runs is what the warm-up and cool-down of 1F1B expose. For
-    one long micro-batch among equal short ones this is the best order there is (the long
-    one's position is all that differs); ties keep the earlier order, so the plan's own order
-    stays where nothing is faster."""
+def rank_orders(
+    seconds: np.ndarray, layout: ParallelLayout, cost: StepCost, work: Work
+) -> np.ndarray:
+    """For each rank (`seconds[r]`: its micro-batches' seconds), the fastest of `orders`, then
+    the costliest micro-batch moved to each position in turn (k + 4 simulations a rank, all
+    ranks at once, each of the two rounds only where `work` pays for it): where it runs is
+    what the warm-up and cool-down of 1F1B expose. For one long micro-batch among equal short
+    ones this is the best order there is (the long one's position is all that differs); ties
+    keep the earlier order, so the plan's own order stays where nothing is faster."""
+    ranks, k = seconds.shape
+    rows = np.arange(ranks)[:, None]
 
-    def step_s(order: np.ndarray) -> float:
-        return rank_timing(seconds[order].tolist(), layout, cost).step_s
+    def paid(tries: int) -> bool:  # charges `work` for simulating `tries` orders a rank
+        visits = simulation_visits(layout, k, ranks * tries)
+        if work.affords(visits, passes=0):
+            work.charge(visits, passes=0)
+            return True
+        return False
 
-    tried = orders(seconds.size, seconds)
-    times = [step_s(o) for o in tried]
-    best, best_s = tried[int(np.argmin(times))], min(times)
-    top = int(np.argmax(seconds))
-    rest = best[best != top]
-    for at in range(seconds.size):
-        moved = np.insert(rest, at, top)
-        moved_s = step_s(moved)
-        if moved_s < best_s:
-            best, best_s = moved, moved_s
+    def step_s(tried: np.ndarray) -> np.ndarray:  # tried[r, i]: an order of rank r
+        timed = seconds[rows[:, :, None], tried].reshape(-1, k)
+        return pipeline_seconds(timed, layout, cost).reshape(ranks, -1)
+
+    tried = orders(seconds)
+    if not paid(tried.shape[1]):
+        return tried[:, 0]
+    times = step_s(tried)
+    pick = np.argmin(times, axis=1)
+    best, best_s = tried[rows[:, 0], pick], times[rows[:, 0], pick]
+    if not paid(k):
+        return best
+    top = np.argmax(seconds, axis=1)
+    rest = best[best != top[:, None]].reshape(ranks, k - 1)
+    moved = np.empty((ranks, k, k), dtype=np.int64)
+    for at in range(k):
+        moved[:, at] = np.insert(rest, at, top, axis=1)
+    moved_s = step_s(moved)
+    at = np.argmin(moved_s, axis=1)
+    better = moved_s[rows[:, 0], at] < best_s
+    best[better] = moved[better, at[better]]
     return best

@@ -125,6 +125,18 @@ def test_the_grid_separates_the_terms() -> None:
         calibration_grid(DP2, 200)
 
 
+def test_the_grid_reaches_down_to_the_smallest_micro_batches_asked() -> None:
+    # --min-tokens 256 under a cap of 16,384: every halving from the cap down to 256 (fixed
+    # micro_batch_size=1 of short answers packs ~256 tokens, 1/64 of the cap).
+    grid = calibration_grid(DP2, 16384, None, None, 256)
+    assert {sum(mb) for _, mb in grid} == {256, 512, 1024, 2048, 4096, 8192, 16384}
+    assert min(min(mb) for _, mb in grid) == 16  # 256 as sixteen sequences
+    with pytest.raises(SlimeHydraError, match="--min-tokens=8"):
+        calibration_grid(DP2, 16384, None, None, 8)
+    with pytest.raises(SlimeHydraError, match="--min-tokens=4096"):
+        calibration_grid(DP2, 2048, None, None, 4096)
+
+
 def test_the_grid_reaches_the_cap_in_sequences_the_model_can_run() -> None:
     # Up to 16,384 tokens a micro-batch on a model of 4,096 positions: the "one sequence"
     # entries become as many of 4,096 as the total needs, and where that equals the four-way

@@ -14,13 +14,16 @@ from hypothesis import strategies as st
 
 from slime_hydra.calibration import calibration_json, load_step_cost
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.partition.balanced import BalancedPacker
+from slime_hydra.partition.base import Work
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, violations
 from slime_hydra.schedule.steptime import (
     StepCost,
     bin_seconds,
-    rank_order,
-    rank_timing,
+    pipeline_seconds,
+    rank_orders,
     simulate_step,
+    simulation_visits,
 )
 from tests.families import FAMILIES, lengths_of
 
@@ -79,26 +82,41 @@ def test_the_analytic_cost_is_the_flops_at_the_achieved_speed():
     assert timing.step_s == pytest.approx((6 * 5 + 2 * 13) / 6 + 0.004)
 
 
+def step_s(seconds: list[float] | np.ndarray, layout: ParallelLayout) -> float:
+    """One rank's pipeline over micro-batches of these seconds, in order."""
+    return float(pipeline_seconds(np.array([seconds], dtype=float), layout, PER_TOKEN)[0])
+
+
 @pytest.mark.parametrize(("pp", "vpp", "k"), [(2, 1, 5), (4, 1, 6), (2, 2, 6)])
 def test_one_long_microbatch_goes_where_enumeration_says(pp, vpp, k):
     layout = ParallelLayout(pp=pp, vpp=vpp)
     seconds = np.array([9.0] + [1.0] * (k - 1))
-    best = min(
-        rank_timing(list(p), layout, PER_TOKEN).step_s
-        for p in set(itertools.permutations(seconds.tolist()))
-    )
-    ours = rank_timing(seconds[rank_order(seconds, layout, PER_TOKEN)].tolist(), layout, PER_TOKEN)
-    long_first = rank_timing(seconds.tolist(), layout, PER_TOKEN).step_s
-    assert ours.step_s == pytest.approx(best) and best < long_first
+    best = min(step_s(list(p), layout) for p in set(itertools.permutations(seconds.tolist())))
+    ours = step_s(seconds[rank_orders(seconds[None], layout, PER_TOKEN, Work(10**9))[0]], layout)
+    assert ours == pytest.approx(best) and best < step_s(seconds, layout)
 
 
 def test_small_at_both_ends_beats_long_first_on_a_pipeline():
     # The anchors' order (verl #2452): the two short micro-batches at the ends.
     layout = ParallelLayout(pp=4)
     seconds = np.array([8.0, 8.0, 8.0, 1.0, 1.0])
-    order = rank_order(seconds, layout, PER_TOKEN)
-    planned = rank_timing(seconds.tolist(), layout, PER_TOKEN).step_s
-    assert rank_timing(seconds[order].tolist(), layout, PER_TOKEN).step_s < planned
+    order = rank_orders(seconds[None], layout, PER_TOKEN, Work(10**9))[0]
+    assert step_s(seconds[order], layout) < step_s(seconds, layout)
+
+
+def test_every_rank_gets_its_own_order():
+    # Two ranks at once: the long micro-batch is first on one, last on the other; each rank's
+    # order is the one it gets alone (an order taken from the wrong rank's row would differ).
+    layout = ParallelLayout(pp=2, vpp=2)
+    seconds = np.array([[9.0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 9.0]])
+    both = rank_orders(seconds, layout, PER_TOKEN, Work(10**9))
+    for r in range(2):
+        assert (
+            both[r].tolist()
+            == rank_orders(seconds[r : r + 1], layout, PER_TOKEN, Work(10**9))[0].tolist()
+        )
+        assert sorted(both[r].tolist()) == list(range(6))
+    assert both[0].tolist() != both[1].tolist()
 
 
 def test_fastest_takes_more_microbatches_where_the_pipeline_idles():
@@ -129,6 +147,43 @@ def test_fastest_keeps_the_fewest_without_a_pipeline():
     assert fast.plan(lengths, list(range(64))).steps[0].num_microbatches == 4
 
 
+def test_fastest_tries_only_what_its_budget_pays_for():
+    # The pp=4 case above: with no budget `fastest` neither packs another count nor orders
+    # the micro-batches, so it plans what `min` plans; the default budget finds more.
+    layout = ParallelLayout(pp=4)
+    cost = StepCost(token_s=1e-3, square_s=0.0, microbatch_s=1e-3)
+    lengths = [100] * 64
+    none = BalancedPacker(budget=0, budget_per_sample=0)
+    fewest = DynamicBatching(layout, 64, 1600, partitioner=none).plan(lengths, list(range(64)))
+    broke = DynamicBatching(layout, 64, 1600, partitioner=none, count="fastest", step_cost=cost)
+    planned = broke.plan(lengths, list(range(64))).steps[0]
+    assert (planned.samples, planned.samples_per_mb) == (
+        fewest.steps[0].samples,
+        fewest.steps[0].samples_per_mb,
+    )
+    fast = DynamicBatching(layout, 64, 1600, count="fastest", step_cost=cost)
+    assert fast.plan(lengths, list(range(64))).steps[0].num_microbatches > 4
+
+
+def test_the_orders_tried_are_those_the_work_pays_for():
+    # pp=2, one rank of 5 micro-batches, the long one first. The four orders simulate 13 s
+    # (planned), 11.33 (ascending), 11.67 (descending), 11.5 (small at both ends): with the
+    # work of those 4 simulations ascending wins; with none the plan's order stays.
+    layout = ParallelLayout(pp=2)
+    seconds = np.array([[9.0, 1, 1, 1, 3]])
+    four = simulation_visits(layout, 5, 4)
+    assert rank_orders(seconds, layout, PER_TOKEN, Work(0)).tolist() == [[0, 1, 2, 3, 4]]
+    work = Work(four)
+    assert rank_orders(seconds, layout, PER_TOKEN, work).tolist() == [[1, 2, 3, 4, 0]]
+    assert work.spent == four
+    # [9, 1, 1, 1, 1]: all four orders take 11 s; the long one second, 10.67 s, is the best
+    # enumeration finds, and the k moves that reach it cost k simulations more.
+    seconds = np.array([[9.0, 1, 1, 1, 1]])
+    paid = Work(four + simulation_visits(layout, 5, 5))
+    order = rank_orders(seconds, layout, PER_TOKEN, paid)[0]
+    assert step_s(seconds[0][order], layout) == pytest.approx(32 / 3)
+
+
 def test_fastest_needs_a_cost_model():
     with pytest.raises(SlimeHydraError, match=r"batching\.count=min"):
         DynamicBatching(ParallelLayout(), 8, 100, count="fastest")
@@ -139,8 +194,9 @@ def test_fastest_needs_a_cost_model():
     st.sampled_from(sorted(set(FAMILIES) - {"oversize"})),
     st.integers(0, 2**32 - 1),
     st.sampled_from([(1, 1, 1), (2, 2, 1), (2, 4, 1), (1, 2, 2), (3, 1, 1)]),
+    st.sampled_from([0, 20_000, 100_000]),
 )
-def test_fastest_never_simulates_slower_than_the_fewest(family, seed, shape):
+def test_fastest_never_simulates_slower_than_the_fewest(family, seed, shape, budget):
     dp, pp, vpp = shape
     rng = np.random.default_rng(seed)
     layout = ParallelLayout(dp=dp, pp=pp, vpp=vpp)
@@ -148,13 +204,13 @@ def test_fastest_never_simulates_slower_than_the_fewest(family, seed, shape):
     lengths = lengths_of(family, rng, n, 4096).tolist()
     cost = StepCost(1e-4, 1e-9, float(rng.choice([0.0, 1e-3, 0.05])), p2p_s=1e-3)
     groups = list(range(n))
+    packer = BalancedPacker(budget=budget)
     try:
-        fewest = DynamicBatching(layout, n, 4096).plan(lengths, groups)
+        fewest = DynamicBatching(layout, n, 4096, partitioner=packer).plan(lengths, groups)
     except SlimeHydraError:
         return  # no plan exists for this draw (e.g. n samples over cap/2 on too few ranks)
-    schedule = DynamicBatching(layout, n, 4096, count="fastest", step_cost=cost).plan(
-        lengths, groups
-    )
+    fast = DynamicBatching(layout, n, 4096, partitioner=packer, count="fastest", step_cost=cost)
+    schedule = fast.plan(lengths, groups)
     assert violations(schedule, layout, groups, False) == []
     assert schedule.steps[0].num_microbatches >= fewest.steps[0].num_microbatches
 
