@@ -84,6 +84,13 @@ slower than the best so far (the step time of more, smaller micro-batches falls 
 pipeline bubble shrinks and rises once their fixed cost dominates)."""
 
 
+PACKING_PASSES = 3
+"""What packing one more count for `fastest` costs beyond VISITS_PER_ITEM visits a sample, in
+passes (PASS_OVERHEAD each): the construction, the deal and the ranks' bookkeeping took
+0.2-0.8 ms a packing at 256-1,024 samples, and 0.1-0.3 µs a sample beyond that (2026-12-03,
+this 2-core machine, grpo, short and truncated families)."""
+
+
 MICROBATCH_SHARE = 3 / 4
 """Of the step's work budget, what balancing the micro-batches may spend (with the
 partitioner's `budget_per_sample` for each sample besides); evening the ranks gets the rest.
@@ -124,6 +131,7 @@ class DynamicBatching(BatchingStrategy):
             )
         self.count = Count(count)
         self.step_cost = step_cost
+        self._replayed: set[int] = set()  # counts whose pipeline replay order was paid for
         if self.count is Count.fastest and step_cost is None:
             raise SlimeHydraError(
                 "batching.count=fastest needs the step cost model (schedule/steptime.py: "
@@ -241,30 +249,28 @@ class DynamicBatching(BatchingStrategy):
         self, sizes: np.ndarray, weights: np.ndarray, k: int, bin_of: np.ndarray
     ) -> tuple[int, np.ndarray]:
         """batching.count=fastest: of the counts from the fewest packed (`k`, `bin_of`) up,
-        the one whose step simulates fastest, each tried with the construction alone (no
+        the one whose step simulates fastest, each more tried with the construction alone (no
         balancing budget) and the chosen one packed again with it, each rank's micro-batches
         in the order its pipeline runs fastest; kept only where it beats the fewest so
         ordered, so `fastest` never simulates slower than `min`. The packings and simulations
-        share a work budget of the partitioner's `budget` (a packing VISITS_PER_ITEM visits a
-        sample, a simulation steptime.simulation_visits): counts and orders it cannot pay for
-        are not tried, so it costs at most that budget more than `min`, besides balancing the
-        chosen count (a partitioner call) and simulating it against the fewest."""
+        share a work budget of the partitioner's `budget` (a packing PACKING_PASSES passes and
+        VISITS_PER_ITEM visits a sample, a simulation steptime.simulation_visits): counts and
+        orders it cannot pay for are not tried, so it costs about that budget more than `min`,
+        besides balancing the chosen count (a partitioner call) and simulating it against the
+        fewest."""
         assert self.step_cost is not None
-        g, dp = self.layout.microbatch_alignment, self.layout.dp
+        g = self.layout.microbatch_alignment
         work = Work(self.partitioner.budget)
-        packing = VISITS_PER_ITEM * sizes.size
-
-        def tried(count: int) -> tuple[int, np.ndarray] | None:
-            cost = packing + simulation_visits(self.layout, count, dp)
-            if not work.affords(cost, passes=0):
-                return None
-            work.charge(cost, passes=0)
-            return self._pack(sizes, weights, count, True, (0, 0))  # the construction alone
-
-        alone = tried(k)
-        best_s, best_k, slower = self._seconds(sizes, alone), k, 0
-        for cand in range(k + g, k + g * CANDIDATES, g) if alone is not None else ():
-            found = tried(cand)
+        work.charge(self._simulation_visits(k), passes=0)
+        self._replayed.add(k)
+        best_s, best_k, slower = self._seconds(sizes, (k, bin_of)), k, 0
+        for cand in range(k + g, k + g * CANDIDATES, g):
+            visits = VISITS_PER_ITEM * sizes.size + self._simulation_visits(cand)
+            if not work.affords(visits, PACKING_PASSES):
+                break
+            work.charge(visits, PACKING_PASSES)
+            self._replayed.add(cand)
+            found = self._pack(sizes, weights, cand, True, (0, 0))  # the construction alone
             if found is None:
                 break
             seconds = self._seconds(sizes, found)
@@ -282,6 +288,12 @@ class DynamicBatching(BatchingStrategy):
             if self._seconds(sizes, (best_k, faster)) < self._seconds(sizes, (k, bin_of)):
                 k, bin_of = best_k, faster
         return k, bin_of
+
+    def _simulation_visits(self, k: int) -> int:
+        """What simulating the DP ranks' pipelines of k micro-batches costs, with finding the
+        replay order of k where this strategy has not paid for it yet (`_replayed`: a plan's
+        steps are planned in the same order on every rank, so every rank charges alike)."""
+        return simulation_visits(self.layout, k, self.layout.dp, k not in self._replayed)
 
     def _ordered(self, sizes: np.ndarray, k: int, bin_of: np.ndarray, work: Work) -> np.ndarray:
         """`bin_of` with each rank's micro-batches in the order its pipeline runs fastest, of

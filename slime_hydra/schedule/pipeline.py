@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 Op = tuple[str, int, int]  # ("F" | "B", model chunk, micro-batch)
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(NamedTuple):
     """One blocking P2PCommunicator call: which of the four transfers it carries (next and
     prev are the neighbouring stages, on a ring: the last stage's next is the first)."""
 
@@ -40,6 +40,7 @@ class Exchange:
 
 
 Call = Op | Exchange
+_NOTHING = Exchange()
 Step = tuple[int, int, tuple[int, ...]]
 
 
@@ -69,7 +70,7 @@ def stage_calls(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[
         calls = _interleaved_calls(stage, pp, vpp, group, num_mb)
     else:
         calls = _one_f_one_b_calls(stage, pp, num_mb)
-    return [c for c in calls if c != Exchange()]
+    return [c for c in calls if c != _NOTHING]
 
 
 def _one_f_one_b_calls(stage: int, pp: int, num_mb: int) -> list[Call]:
@@ -193,11 +194,6 @@ def _programs(pp: int, vpp: int, group: int, num_mb: int) -> tuple[tuple[Step, .
 
 
 Event = tuple[int, int, int, tuple[int, ...], tuple[int, ...]]
-
-
-def event_count(pp: int, vpp: int, group: int, num_mb: int) -> int:
-    """The calls `simulate_pipelines` replays for one pipeline step: what a simulation costs."""
-    return len(_events(pp, vpp, group, num_mb))
 
 
 @lru_cache(maxsize=256)

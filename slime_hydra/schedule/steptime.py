@@ -24,7 +24,7 @@ import numpy as np
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition.base import Work
 from slime_hydra.schedule.layout import ParallelLayout
-from slime_hydra.schedule.pipeline import event_count, simulate_pipelines
+from slime_hydra.schedule.pipeline import simulate_pipelines
 
 BACKWARD_SHARE = 2 / 3  # backward costs twice the forward
 
@@ -33,6 +33,9 @@ EVENT_VISITS = 40
 unit, 40-60 ns): 2.2-2.6 µs a call on this 2-core machine (pp 2-8, vpp 1-2, 16-64
 micro-batches; 2026-12-03), whatever the number of pipelines simulated at once up to ~128;
 each one more adds ~3.5 ns a call, 1/WIDTH_PER_VISIT of a visit."""
+BUILD_VISITS = 60
+"""What finding the replay order of a (pp, vpp, group, k) costs a call, in visits: 2.4-2.7 µs
+(the same runs)."""
 WIDTH_PER_VISIT = 16
 
 
@@ -199,13 +202,15 @@ def bin_seconds(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cost: StepCost
     return cost.seconds(tokens + pad, squares + pad * pad, sequences + (pad > 0))
 
 
-def simulation_visits(layout: ParallelLayout, k: int, width: int) -> int:
+def simulation_visits(layout: ParallelLayout, k: int, width: int, first: bool = False) -> int:
     """What simulating `width` pipelines (DP ranks, or orders of them) of k micro-batches at
-    once costs in `Work` item visits (without a pipeline: a sum per rank)."""
+    once costs in `Work` item visits (without a pipeline: a sum per rank); `first`: with
+    finding the replay order of k micro-batches, as the first simulation of k does (counted
+    whether or not a cache holds it, so that every rank plans alike)."""
     if layout.pp == 1:
         return k * width // WIDTH_PER_VISIT
-    calls = event_count(layout.pp, layout.vpp, layout.vp_group_size, k)
-    return calls * (EVENT_VISITS + width // WIDTH_PER_VISIT)
+    calls = 4 * layout.pp * layout.vpp * k  # each stage's 2·vpp·k ops, an exchange after each
+    return calls * (EVENT_VISITS + width // WIDTH_PER_VISIT + (BUILD_VISITS if first else 0))
 
 
 def orders(seconds: np.ndarray) -> np.ndarray:
