@@ -38,9 +38,8 @@ def multifit(
     best = None
     lo, hi = low, high  # hi: the lowest limit known to pack (the plan's own heaviest bin)
     limit = min(max(goal, lo), hi - 1)
-    while lo <= limit < hi and hi - lo > rel_tol * lo and work.affords(VISITS_PER_ITEM * n):
+    while lo <= limit < hi and hi - lo > rel_tol * lo and work.pay(VISITS_PER_ITEM * n):
         packed = first_fit_decreasing(sizes, limit)
-        work.charge(VISITS_PER_ITEM * n)
         if int(packed.max()) < bins:
             best, hi = packed, limit
             if limit <= goal:

@@ -266,9 +266,8 @@ class DynamicBatching(BatchingStrategy):
         best_s, best_k, slower = self._seconds(sizes, (k, bin_of)), k, 0
         for cand in range(k + g, k + g * CANDIDATES, g):
             visits = VISITS_PER_ITEM * sizes.size + self._simulation_visits(cand)
-            if not work.affords(visits, PACKING_PASSES):
+            if not work.pay(visits, PACKING_PASSES):
                 break
-            work.charge(visits, PACKING_PASSES)
             self._replayed.add(cand)
             found = self._pack(sizes, weights, cand, True, (0, 0))  # the construction alone
             if found is None:

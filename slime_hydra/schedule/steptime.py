@@ -257,11 +257,7 @@ def rank_orders(
     rows = np.arange(ranks)[:, None]
 
     def paid(tries: int) -> bool:  # charges `work` for simulating `tries` orders a rank
-        visits = simulation_visits(layout, k, ranks * tries)
-        if work.affords(visits, passes=0):
-            work.charge(visits, passes=0)
-            return True
-        return False
+        return work.pay(simulation_visits(layout, k, ranks * tries), passes=0)
 
     def step_s(tried: np.ndarray) -> np.ndarray:  # tried[r, i]: an order of rank r
         timed = seconds[rows[:, :, None], tried].reshape(-1, k)
