@@ -14,7 +14,8 @@ the lightest bins.
 lightest bins and applies, to every pair at once, the move or swap of one item whose shift
 brings the pair nearest each other (`exchange.best_exchanges`). A pass never makes a bin
 heavier than its pair's heavier bin was, nor a bin of two or more items break the cap, nor a
-bin empty; over-cap bins are repaired first by the same exchanges on sizes. Passes run until
+bin empty; over-cap bins are repaired first by the same exchanges on sizes, and what they leave
+over the cap by partition.repair, whose passes search every bin with room. Passes run until
 the heaviest bin is within the goal, no pair can improve, or the work budget (`Work`, counted
 in item visits, so every machine plans the same) is spent.
 """
@@ -40,6 +41,7 @@ from slime_hydra.partition.exchange import (
 )
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
+from slime_hydra.partition.repair import repair
 
 PARTNERS = 4
 """Light bins each heavy bin tries per pass (while the pool has that many per heavy bin). On
@@ -271,11 +273,14 @@ def improve(
     goal: float,
     work: Work,
 ) -> bool:
-    """Repair over-cap bins, then lower the heaviest bins toward `goal`, in place, within
-    `work`. Returns whether every bin of two or more items is within `cap`."""
+    """Repair over-cap bins (paired exchanges; where they stop short, partition.repair's
+    whole-step passes), then lower the heaviest bins toward `goal`, in place, within `work`.
+    Returns whether every bin of two or more items is within `cap`."""
     state = _State.of(bin_of, sizes, weights, bins)
     if not _passes(state, sizes, cap, cap, work, repair=True):
-        return False
+        if not repair(bin_of, sizes, bins, cap, work):
+            return False
+        state = _State.of(bin_of, sizes, weights, bins)
     _passes(state, weights, cap, goal, work, repair=False)
     return True
 
@@ -541,10 +546,14 @@ class BalancedPacker:
     each on a current x86 core, so the default is about 5 ms; 0 (with budget_per_sample 0): no
     exchanges at all."""
     budget_per_sample: int = 2 * VISITS_PER_ITEM
-    """More work for balancing the micro-batches, and for the cap repairs of a step's count
-    search, per sample of the step: two MULTIFIT packings' worth (VISITS_PER_ITEM a sample
-    each), which a fixed budget stops paying for from 7,500 samples a step, where the exchanges
-    alone stall 2-4% above the bound."""
+    """More work for balancing the micro-batches, per sample of the step: two MULTIFIT
+    packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for from
+    7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
+    count_budget_per_sample: int = 20 * VISITS_PER_ITEM
+    """Work for the cap repairs of a step's count search, per sample of the step besides its
+    `budget`: spent only where the constructions break the cap at the first count. One
+    micro-batch fewer per rank saves more step time than this costs (about 10 µs a sample):
+    on bench_planner's families 20 a sample left 29 of 314 steps above K_lb, 200 left 19."""
 
     def __call__(
         self,
@@ -561,9 +570,10 @@ class BalancedPacker:
         is packable (it packs every count from its own up) and the counts below it are
         bisected with the constructions and the repairs (of largest fit, and of FFD's packing
         cut to the count), so a step tries O(log) counts, not every one up to it. The
-        repairs share one budget of their own (the step's `budget` and `budget_per_sample` for
-        each item), so a count that cannot be packed leaves the balancing its budget, and the
-        search costs at most that in exchanges besides its constructions; at FFD's own count
+        repairs (paired exchanges, then the whole-step repair of partition.repair) share one
+        budget of their own (the step's `budget` and `count_budget_per_sample` for each item),
+        so a count that cannot be packed leaves the balancing its budget, and the search costs
+        at most that in exchanges besides its constructions; at FFD's own count
         the balanced construction repaired (within the step's `budget`) and largest fit still
         go first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan
         found is then balanced within `work`: exchanges with half of it; where they stop above
@@ -584,7 +594,7 @@ class BalancedPacker:
             ffd = first_fit_decreasing(sizes, cap)
             fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
             lo, hi = 0, fits
-            repairs = Work(self.budget + self.budget_per_sample * len(sizes))
+            repairs = Work(self.budget + self.count_budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
                 got = self._repaired(built(mid), sizes, weights, counts[mid], cap, Work(0))

@@ -143,7 +143,7 @@ class DynamicBatching(BatchingStrategy):
                 f"batching.partitioner.tolerance={self.partitioner.tolerance} must lie in "
                 "(0, 1); the default is 0.01."
             )
-        for key in ("budget", "budget_per_sample"):
+        for key in ("budget", "budget_per_sample", "count_budget_per_sample"):
             if getattr(self.partitioner, key) < 0:
                 raise SlimeHydraError(
                     f"batching.partitioner.{key}={getattr(self.partitioner, key)} must be >= 0 "

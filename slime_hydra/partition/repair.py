@@ -1,0 +1,119 @@
+"""Cap repair of a whole step at once: every bin over the cap searched against every bin with
+room, so that a packing full to the cap almost everywhere (first-fit decreasing's, cut to
+fewer bins) still finds the few bins that can take its excess.
+
+Each pass gives every item of an over-cap bin its candidate exchanges: the swap with the
+smallest item y whose bin takes the shift x - y within its room (a running maximum of y + room
+over the light items by size), the swaps whose shift is nearest the bin's excess among the
+light items of all bins with room and of the roomiest tenth of them (WINDOW around it), and the
+move of the whole item to the bin of least room that holds it. A shift d from a bin of excess e
+into one of room r gains min(d, e) - max(d - r, 0) of the total excess over the cap (the
+excess may move on, to where a later pass finds room); among equal gains the light bin left
+fullest within the cap wins (best fit: the large rooms stay for large excesses). Each pass
+takes, of the positive gains, one per heavy bin and one per light bin, the largest first, so
+the total excess falls every pass. The work is charged per pass (`pass_visits`), before it is
+done: what the budget cannot pay for is not started.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from slime_hydra.partition.base import Work
+from slime_hydra.partition.deal import ascending
+from slime_hydra.partition.exchange import Exchanges, apply_exchanges
+
+WINDOW = (-2, -1, 0, 1)
+"""Light items tried around the one whose swap ends the excess exactly."""
+TIERS = (0.0, 0.9)
+"""The window is searched among the light items of all bins with room, and of the roomiest
+tenth (quantile 0.9 of the rooms)."""
+COLUMNS = 2 + len(WINDOW) * len(TIERS)
+"""Candidates per heavy item: the smallest swap that fits, the windows, the move."""
+
+
+def pass_visits(heavy_items: int, n: int) -> int:
+    """What a pass costs in item visits: every item's bin and room once (n), each heavy item's
+    candidates (COLUMNS each, with their binary searches)."""
+    return n + heavy_items * 4 * COLUMNS
+
+
+def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Work) -> bool:
+    """Exchange passes on `bin_of` (in place) until every bin of two or more items is within
+    `cap` (True), or no exchange lowers the excess or `work` cannot pay for the next pass
+    (False). Bins stay non-empty: a move leaves its bin an item."""
+    load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
+    counts = np.bincount(bin_of, minlength=bins)
+    by_size = ascending(sizes)
+    start, begun = None, work.spent
+    while True:
+        over = (load > cap) & (counts > 1)
+        excess = int((load[over] - cap).sum())
+        if excess == 0:
+            return True
+        start = excess if start is None else start
+        if excess < start and excess * (work.spent - begun) > (start - excess) * (
+            work.budget - work.spent
+        ):
+            return False  # the budget left, at the rate so far, cannot remove what is left
+        held = int(counts[over].sum())
+        if not work.pay(pass_visits(held, len(sizes))):
+            return False
+        ex = _exchanges(bin_of, sizes, by_size, load, counts, over, cap)
+        if ex.give.size == 0:
+            return False
+        apply_exchanges(ex, bin_of, sizes, load, counts)
+
+
+def _exchanges(
+    bin_of: np.ndarray,
+    sizes: np.ndarray,
+    by_size: np.ndarray,
+    load: np.ndarray,
+    counts: np.ndarray,
+    over: np.ndarray,
+    cap: int,
+) -> Exchanges:
+    """The exchanges of one pass (see the module docstring)."""
+    room = np.where(over, 0, np.maximum(cap - load, 0))
+    hi = np.flatnonzero(over[bin_of])
+    li = by_size[room[bin_of[by_size]] > 0]  # light items, smallest first
+    if li.size == 0:
+        return Exchanges.none(0)
+    x = sizes[hi]
+    excess = (load - cap)[bin_of[hi]]
+    li_size, li_room = sizes[li], room[bin_of[li]]
+    # The smallest y whose bin takes x for y within its room (y + r >= x).
+    reach = np.maximum.accumulate(li_size + li_room)
+    cands = [li[np.minimum(np.searchsorted(reach, x), li.size - 1)][:, None]]
+    rooms = np.sort(room[room > 0])
+    for q in TIERS:
+        tier = np.flatnonzero(li_room >= rooms[int(q * (rooms.size - 1))])
+        near = np.searchsorted(li_size[tier], x - excess)[:, None] + np.asarray(WINDOW)
+        cands.append(li[tier[np.clip(near, 0, tier.size - 1)]])
+    take = np.concatenate(cands, axis=1)
+    to = bin_of[take]
+    d = x[:, None] - sizes[take]
+    # A move: to the bin of least room that holds the whole item.
+    open_bins = np.flatnonzero(room > 0)
+    open_bins = open_bins[ascending(room[open_bins])]
+    fit = np.minimum(np.searchsorted(room[open_bins], x), open_bins.size - 1)
+    to = np.concatenate((to, open_bins[fit][:, None]), axis=1)
+    take = np.concatenate((take, np.full((hi.size, 1), -1, dtype=np.int64)), axis=1)
+    d = np.concatenate((d, x[:, None]), axis=1)
+    ok = (d > 0) & ((take >= 0) | (counts[bin_of[hi]] > 1)[:, None])
+    gain = np.where(ok, np.minimum(d, excess[:, None]) - np.maximum(d - room[to], 0), 0)
+    after = load[to] + d
+    fill = np.where(after <= cap, after, 0)
+    score = np.where(gain > 0, gain * (int(np.abs(after).max()) + 1) + fill, -1)
+    col = score.argmax(axis=1)
+    row = np.arange(hi.size)
+    best, to, take = score[row, col], to[row, col], take[row, col]
+    keep = np.flatnonzero(best > 0)
+    heavy = bin_of[hi]
+    # One per heavy bin, then one per light bin, the largest gain first; ties by item.
+    keep = keep[np.lexsort((hi[keep], -best[keep], heavy[keep]))]
+    keep = keep[np.concatenate(([True], heavy[keep][1:] != heavy[keep][:-1]))[: keep.size]]
+    keep = keep[np.lexsort((hi[keep], -best[keep], to[keep]))]
+    keep = keep[np.concatenate(([True], to[keep][1:] != to[keep][:-1]))[: keep.size]]
+    return Exchanges(heavy[keep], to[keep], hi[keep], take[keep], 0)

@@ -1,0 +1,92 @@
+"""partition.repair: the whole-step cap repair, by hand, as properties, and where the planner's
+count search needs it."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slime_hydra.partition import BalancedPacker, Work
+from slime_hydra.partition.base import PASS_OVERHEAD
+from slime_hydra.partition.repair import pass_visits, repair
+from slime_hydra.schedule import DynamicBatching, ParallelLayout
+from slime_hydra.schedule.metrics import microbatch_lower_bound
+from tests.families import lengths_of
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_the_exchange_that_ends_the_excess_leaves_the_light_bin_fullest():
+    # Cap 10: {6, 5} is 1 over; {5, 4} has room 1, {1} room 9. Moving the 6 or the 5 to {1},
+    # or swapping the 6 for the 5 or the 5 for the 4, each ends the excess; the swaps fill
+    # {5, 4} to 10 (best fit), and of the two the lower item (the 6) goes first.
+    sizes = np.array([6, 5, 5, 4, 1])
+    bin_of = np.array([0, 0, 1, 1, 2])
+    work = Work(10**6)
+    assert repair(bin_of, sizes, 3, 10, work)
+    assert bin_of.tolist() == [1, 0, 0, 1, 2]
+    assert work.spent == pass_visits(2, 5) + PASS_OVERHEAD  # one pass, over the 2 heavy items
+
+
+def test_a_bin_with_no_room_anywhere_is_left_as_it_is():
+    sizes = np.array([6, 6, 10])
+    bin_of = np.array([0, 0, 1])
+    assert not repair(bin_of, sizes, 2, 10, Work(10**6))
+    assert bin_of.tolist() == [0, 0, 1]
+
+
+def test_a_zero_budget_starts_no_pass_and_a_lone_item_over_the_cap_needs_none():
+    sizes = np.array([6, 5, 1])
+    bin_of = np.array([0, 0, 1])
+    work = Work(0)
+    assert not repair(bin_of, sizes, 2, 10, work)
+    assert bin_of.tolist() == [0, 0, 1] and work.spent == 0
+    assert repair(np.array([0, 1]), np.array([12, 3]), 2, 10, work)  # {12} alone is its own
+
+
+@st.composite
+def packings(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, int]:
+    cap = draw(st.integers(4, 60))
+    bins = draw(st.integers(1, 12))
+    n = draw(st.integers(bins, 60))
+    sizes = np.array(draw(st.lists(st.integers(1, cap), min_size=n, max_size=n)))
+    rest = draw(st.lists(st.integers(0, bins - 1), min_size=n - bins, max_size=n - bins))
+    bin_of = np.array(draw(st.permutations([*range(bins), *rest])))  # every bin non-empty
+    return sizes, bin_of, bins, cap
+
+
+def _excess(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int) -> int:
+    load = np.bincount(bin_of, weights=sizes, minlength=bins)
+    counts = np.bincount(bin_of, minlength=bins)
+    return int(np.maximum(load - cap, 0)[counts > 1].sum())
+
+
+@PROPERTY
+@given(packings(), st.integers(0, 200_000))
+def test_a_repair_keeps_every_bin_and_its_budget_and_never_adds_excess(case, budget):
+    sizes, bin_of, bins, cap = case
+    before = _excess(bin_of, sizes, bins, cap)
+    work = Work(budget)
+    within = repair(bin_of, sizes, bins, cap, work)
+    assert work.spent <= budget
+    assert (np.bincount(bin_of, minlength=bins) > 0).all() and bin_of.max() < bins
+    after = _excess(bin_of, sizes, bins, cap)
+    assert after <= before
+    assert within == (after == 0)
+
+
+def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
+    # 4,096 GRPO samples on dp32, 99.0% full at K_lb = 41 (docs/planner.md, tenth round): the
+    # paired repair stalls thousands of tokens over the cap; the whole-step repair packs 41
+    # within the count budget, which 20 visits a sample (the balancing share) does not pay.
+    lengths = lengths_of("grpo", np.random.default_rng([663178406, 2, 4096]), 4096, 16384)
+    assert microbatch_lower_bound(lengths, 16384, 32, 1) == 41
+
+    def count(per_sample: int) -> int:
+        packer = BalancedPacker(count_budget_per_sample=per_sample)
+        strategy = DynamicBatching(ParallelLayout(dp=32), None, 16384, partitioner=packer)
+        return strategy.plan(lengths.tolist(), list(range(4096))).steps[0].num_microbatches
+
+    assert count(BalancedPacker.count_budget_per_sample) == 41
+    assert count(20) == 42
