@@ -25,6 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -581,14 +582,22 @@ class BalancedPacker:
         exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
-        first = construct(weights, counts[0], self.tolerance)
-
+        # Each count's starts are built once: a check with Work(0) leaves them as they are, and
+        # the bisection repairs a count's starts at most once, never the count it ends at.
+        @cache
         def built(at: int) -> np.ndarray:
-            return first if at == 0 else construct(weights, counts[at], self.tolerance)
+            return construct(weights, counts[at], self.tolerance)
 
-        bin_of = self._repaired(first, sizes, weights, counts[0], cap, Work(0))
+        @cache
+        def fitted(at: int) -> np.ndarray:
+            return fit_rounds(sizes, counts[at], cap)
+
+        def packed(start: np.ndarray, at: int, work: Work) -> np.ndarray | None:
+            return start if improve(start, sizes, weights, counts[at], cap, cap, work) else None
+
+        bin_of = packed(built(0), 0, Work(0))
         if bin_of is None:
-            bin_of = self._fit_repaired(sizes, weights, counts[0], cap, Work(0))
+            bin_of = packed(fitted(0), 0, Work(0))
         at = 0
         if bin_of is None:
             ffd = first_fit_decreasing(sizes, cap)
@@ -597,11 +606,11 @@ class BalancedPacker:
             repairs = Work(self.budget + self.count_budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = self._repaired(built(mid), sizes, weights, counts[mid], cap, Work(0))
+                got = None if mid == 0 else packed(built(mid), mid, Work(0))
                 if got is None:
-                    got = self._fit_repaired(sizes, weights, counts[mid], cap, repairs)
+                    got = packed(fitted(mid), mid, repairs)
                 if got is None:
-                    got = self._cut_repaired(sizes, weights, counts[mid], cap, ffd, repairs)
+                    got = packed(cut_to(ffd, sizes, counts[mid]), mid, repairs)
                 if got is None:
                     lo = mid + 1
                 else:
@@ -612,11 +621,9 @@ class BalancedPacker:
                     return None
                 # The construction's repair gets the step's budget alone: at 1M samples the
                 # repairs' per-sample budget took 2-3 s, FFD's packing then balanced ~1 s.
-                bin_of = self._repaired(
-                    built(at), sizes, weights, counts[at], cap, Work(self.budget)
-                )
+                bin_of = packed(built(at), at, Work(self.budget))
                 if bin_of is None:
-                    bin_of = self._fit_repaired(sizes, weights, counts[at], cap, Work(0))
+                    bin_of = packed(fitted(at), at, Work(0))
                 if bin_of is None:
                     bin_of = ffd.copy()
                     fill_empty(bin_of, weights, counts[at])
@@ -633,39 +640,6 @@ class BalancedPacker:
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
         return bins, bin_of
-
-    def _repaired(
-        self,
-        built: np.ndarray,
-        sizes: np.ndarray,
-        weights: np.ndarray,
-        bins: int,
-        cap: int,
-        work: Work,
-    ) -> np.ndarray | None:
-        """The balanced construction `built` into `bins`, where it breaks the cap repaired by
-        exchanges within `work` (none left: as it is); None where that falls short."""
-        return built if improve(built, sizes, weights, bins, cap, cap, work) else None
-
-    def _fit_repaired(
-        self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int, work: Work
-    ) -> np.ndarray | None:
-        """Largest fit in rounds into `bins`, repaired as `_repaired` does."""
-        return self._repaired(fit_rounds(sizes, bins, cap), sizes, weights, bins, cap, work)
-
-    def _cut_repaired(
-        self,
-        sizes: np.ndarray,
-        weights: np.ndarray,
-        bins: int,
-        cap: int,
-        ffd: np.ndarray,
-        work: Work,
-    ) -> np.ndarray | None:
-        """First-fit decreasing's packing `ffd` (more bins) cut to `bins`, repaired by
-        exchanges within `work`; None where the repair falls short."""
-        cut = cut_to(ffd, sizes, bins)
-        return cut if improve(cut, sizes, weights, bins, cap, cap, work) else None
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,
