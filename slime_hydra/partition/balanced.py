@@ -582,6 +582,7 @@ class BalancedPacker:
         exchanges again."""
         if not counts or len(sizes) < counts[0]:
             return None
+
         # Each count's starts are built once: a check with Work(0) leaves them as they are, and
         # the bisection repairs a count's starts at most once, never the count it ends at.
         @cache
