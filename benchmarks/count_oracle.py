@@ -6,9 +6,9 @@ checked, so "found" proves a plan exists at that count; "not found" proves nothi
 The starts are first-fit decreasing's packing cut to the count (partition.balanced.cut_to) and
 largest fit in rounds (fit_rounds). On GRPO steps 98-99% full where the planner's paired repair
 stalls thousands of tokens over the cap, this packs K_lb (docs/planner.md, tenth round); the
-planner runs the same repair where its paired exchanges stop short, within its count budget
-(batching.partitioner.count_budget_per_sample), so what this finds and the planner does not is
-what that budget did not pay for.
+planner's count search runs the same repair on the same starts (on largest fit's after its
+paired exchanges), within its count budget (batching.partitioner.count_budget_per_sample), so
+what this finds and the planner does not is what that budget did not pay for.
 """
 
 from __future__ import annotations

@@ -12,14 +12,16 @@ excess may move on, to where a later pass finds room); among equal gains the lig
 fullest within the cap wins (best fit: the large rooms stay for large excesses). Each pass
 takes, of the positive gains, one per heavy bin and one per light bin, the largest first, so
 the total excess falls every pass. The work is charged per pass (`pass_visits`), before it is
-done: what the budget cannot pay for is not started.
+done: what the budget cannot pay for is not started, and the passes stop where the budget
+left, at the last pass's rate, cannot remove the excess left (passes only slow down as the
+easy exchanges are made: a count that cannot be packed costs a few passes, not the budget).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from slime_hydra.partition.base import Work
+from slime_hydra.partition.base import PASS_OVERHEAD, Work
 from slime_hydra.partition.deal import ascending
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 
@@ -40,25 +42,24 @@ def pass_visits(heavy_items: int, n: int) -> int:
 
 def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Work) -> bool:
     """Exchange passes on `bin_of` (in place) until every bin of two or more items is within
-    `cap` (True), or no exchange lowers the excess or `work` cannot pay for the next pass
-    (False). Bins stay non-empty: a move leaves its bin an item."""
+    `cap` (True), or no exchange lowers the excess, or `work` cannot pay for the next pass or
+    for the excess left at the last pass's rate (False). Bins stay non-empty: a move leaves
+    its bin an item."""
     load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
     counts = np.bincount(bin_of, minlength=bins)
     by_size = ascending(sizes)
-    start, begun = None, work.spent
+    was, cost = None, 0
     while True:
         over = (load > cap) & (counts > 1)
         excess = int((load[over] - cap).sum())
         if excess == 0:
             return True
-        start = excess if start is None else start
-        if excess < start and excess * (work.spent - begun) > (start - excess) * (
-            work.budget - work.spent
-        ):
-            return False  # the budget left, at the rate so far, cannot remove what is left
-        held = int(counts[over].sum())
-        if not work.pay(pass_visits(held, len(sizes))):
+        if was is not None and excess * cost > (was - excess) * (work.budget - work.spent):
+            return False  # the budget left, at the last pass's rate, cannot remove the rest
+        visits = pass_visits(int(counts[over].sum()), len(sizes))
+        if not work.pay(visits):
             return False
+        was, cost = excess, visits + PASS_OVERHEAD
         ex = _exchanges(bin_of, sizes, by_size, load, counts, over, cap)
         if ex.give.size == 0:
             return False
