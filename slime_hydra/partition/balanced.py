@@ -550,11 +550,13 @@ class BalancedPacker:
     """More work for balancing the micro-batches, per sample of the step: two MULTIFIT
     packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for from
     7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
-    count_budget_per_sample: int = 20 * VISITS_PER_ITEM
+    count_budget_per_sample: int = 10 * VISITS_PER_ITEM
     """Work for the cap repairs of a step's count search, per sample of the step besides its
     `budget`: spent only where the constructions break the cap at the first count. One
-    micro-batch fewer per rank saves more step time than this costs (about 10 µs a sample):
-    on bench_planner's families 20 a sample left 29 of 314 steps above K_lb, 200 left 19."""
+    micro-batch fewer per rank saves more step time than this costs (at most ~5 µs a sample).
+    On 144 bench_planner cases (314 steps) 20 a sample left 29 steps above K_lb, 100 left 24
+    and 200 left 20; 200 took the seed sweep's slowest GRPO draws to 3.2-3.6x the median,
+    100 keeps them within 2.6x (docs/planner.md, eleventh round)."""
 
     def __call__(
         self,
