@@ -279,7 +279,7 @@ def improve(
     Returns whether every bin of two or more items is within `cap`."""
     state = _State.of(bin_of, sizes, weights, bins)
     if not _passes(state, sizes, cap, cap, work, repair=True):
-        if not repair(bin_of, sizes, bins, cap, work):
+        if not (work.left and repair(bin_of, sizes, bins, cap, work)):
             return False
         state = _State.of(bin_of, sizes, weights, bins)
     _passes(state, weights, cap, goal, work, repair=False)

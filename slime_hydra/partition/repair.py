@@ -47,7 +47,7 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
     its bin an item."""
     load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
     counts = np.bincount(bin_of, minlength=bins)
-    by_size = ascending(sizes)
+    by_size = None  # sorted at the first pass paid for: a check with no budget costs no sort
     was, cost = None, 0
     while True:
         over = (load > cap) & (counts > 1)
@@ -60,6 +60,7 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
         if not work.pay(visits):
             return False
         was, cost = excess, visits + PASS_OVERHEAD
+        by_size = ascending(sizes) if by_size is None else by_size
         ex = _exchanges(bin_of, sizes, by_size, load, counts, over, cap)
         if ex.give.size == 0:
             return False
