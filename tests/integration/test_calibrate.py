@@ -81,6 +81,21 @@ def test_training_logs_prediction_beside_measurement(tmp_path: Path, calibration
         assert 0 <= row["sim/bubble_frac"] < 1
 
 
+def test_a_calibration_that_no_longer_holds_is_said_once(tmp_path: Path, calibration: Path) -> None:
+    # The file's terms 30x: a calibration from a slower machine, or from before a change. Six
+    # steps: the first is warm-up, the next five have a median ratio near 1/30.
+    stale = json.loads(calibration.read_text())
+    stale["terms"] = {term: value * 30 for term, value in stale["terms"].items()}
+    path = tmp_path / "stale.json"
+    path.write_text(json.dumps(stale))
+    run_dir = tmp_path / "run"
+    overrides = [o for o in SMALL if not o.startswith("data.num_prompts=")]
+    out = ok(run_cli(run_dir, *overrides, "data.num_prompts=12", f"trainer.cost={path}"))
+    assert len(metrics(run_dir)) == 6
+    assert out.count(f"the step time that trainer.cost={path} predicts") == 1, out[-6000:]
+    assert "steps 2-6 took 0.0" in out
+
+
 def test_a_pipeline_calibration_times_its_exchanges(tmp_path: Path) -> None:
     # pp=2 vpp=2: p2p_s is measured on its own (8 timed rounds of exchanges through megatron's
     # P2PCommunicator), not fitted: it is their median, with the mean's standard error.

@@ -23,6 +23,7 @@ from slime_hydra.schedule import StepSchedule
 from slime_hydra.schedule.schedule import step_number
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
+from slime_hydra.train.run.drift import DriftCheck
 from slime_hydra.train.run.torchrun import TorchrunEnv
 from slime_hydra.train.settings import CpuTrainer
 from slime_hydra.train.step.engine import MegatronEngine, StepResult
@@ -69,6 +70,7 @@ def run_steps(
     puts the plan's prediction and batch/* metrics (job.planned) beside what was measured."""
     counters = {"skipped_steps": 0, **(counters or {})}
     digest = checkpoint.schedule_digest(job.schedule)
+    drift = DriftCheck(trainer.cost) if trainer.cost is not None and env.rank == 0 else None
     begun = time.perf_counter()
     for index in range(steps_done, num_steps):
         step = step_number(index)
@@ -98,6 +100,7 @@ def run_steps(
             counters["skipped_steps"] += 1
         tokens = sum(job.schedule.lengths[i] for i in job.schedule.steps[index].samples)
         planned = job.planned[index]
+        sim_ratio = step_s / planned.timing.step_s
         sink.log(
             {
                 "step": step,
@@ -107,10 +110,12 @@ def run_steps(
                 "perf/tokens_per_s": tokens / step_s,
                 "sim/step_s": planned.timing.step_s,
                 "sim/bubble_frac": planned.timing.bubble_frac,
-                "perf/sim_ratio": step_s / planned.timing.step_s,
+                "perf/sim_ratio": sim_ratio,
                 **planned.metrics,
             }
         )
+        if drift is not None and (warning := drift.observe(step, sim_ratio)):
+            log.warning("%s", warning)
         eta = (time.perf_counter() - begun) / (step - steps_done) * (num_steps - step)
         log.info(
             "step %d/%d  loss %.4f  grad_norm %.3f  %.2f s  %.0f tok/s  eta %.0f s",
