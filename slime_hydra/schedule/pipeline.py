@@ -19,8 +19,6 @@ rank).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -42,21 +40,6 @@ class Exchange(NamedTuple):
 Call = Op | Exchange
 _NOTHING = Exchange()
 Step = tuple[int, int, tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class PipelineTiming:
-    """One DP rank's simulated step: makespan and the busy time of each pipeline stage."""
-
-    step_s: float
-    busy_s: tuple[float, ...]
-
-    @property
-    def bubble_frac(self) -> float:
-        """Idle share of the stages over the makespan."""
-        if self.step_s == 0:
-            return 0.0
-        return 1 - sum(self.busy_s) / (len(self.busy_s) * self.step_s)
 
 
 def stage_order(stage: int, pp: int, vpp: int, group: int, num_mb: int) -> list[Op]:
@@ -253,19 +236,3 @@ def simulate_pipelines(
         for key in posts:
             posted[key] = clock[s]
     return np.max(clock, axis=0)
-
-
-def simulate_pipeline(
-    forward_s: Sequence[float],
-    pp: int,
-    vpp: int = 1,
-    group: int | None = None,
-    p2p_s: float = 0.0,
-) -> PipelineTiming:
-    """One pipeline of `simulate_pipelines`, with the busy time of each stage (every stage
-    runs its share of every micro-batch's forward and backward)."""
-    step_s = float(
-        simulate_pipelines(np.array([forward_s], dtype=np.float64), pp, vpp, group, p2p_s)[0]
-    )
-    busy = 3 * float(np.sum(forward_s)) / pp
-    return PipelineTiming(step_s=step_s, busy_s=(busy,) * pp)
