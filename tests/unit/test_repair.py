@@ -29,6 +29,17 @@ def test_the_exchange_that_ends_the_excess_leaves_the_light_bin_fullest():
     assert work.spent == pass_visits(2, 5) + PASS_OVERHEAD  # one pass, over the 2 heavy items
 
 
+def test_a_heavy_bin_whose_light_bin_was_taken_chooses_again_in_the_same_pass():
+    # Cap 10: two {6, 5} bins, 1 over each, both best served by swapping their 6 for the 5 of
+    # {5, 4}; the first (lower item) takes it, the second moves its 6 to {1} (room 9).
+    sizes = np.array([6, 5, 6, 5, 5, 4, 1])
+    bin_of = np.array([0, 0, 1, 1, 2, 2, 3])
+    work = Work(10**6)
+    assert repair(bin_of, sizes, 4, 10, work)
+    assert bin_of.tolist() == [2, 0, 3, 1, 0, 2, 3]
+    assert work.spent == pass_visits(4, 7) + PASS_OVERHEAD  # one pass
+
+
 def test_a_bin_with_no_room_anywhere_is_left_as_it_is():
     sizes = np.array([6, 6, 10])
     bin_of = np.array([0, 0, 1])
@@ -77,10 +88,10 @@ def test_a_repair_keeps_every_bin_and_its_budget_and_never_adds_excess(case, bud
 
 
 def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
-    # 4,096 GRPO samples on dp32, 99.0% full at K_lb = 41 (docs/planner.md, tenth round): the
-    # paired repair stalls thousands of tokens over the cap; the whole-step repair packs 41
-    # within the count budget, which 20 visits a sample (the balancing share) does not pay.
-    lengths = lengths_of("grpo", np.random.default_rng([663178406, 2, 4096]), 4096, 16384)
+    # 4,096 GRPO samples on dp32, 99.2% full at K_lb = 41 (docs/planner.md, tenth round: draw
+    # 4): the paired repair stalls over the cap; the whole-step repair packs 41 within the
+    # count budget, which 20 visits a sample (the balancing share) does not pay for.
+    lengths = lengths_of("grpo", np.random.default_rng([663178406, 4, 4096]), 4096, 16384)
     assert microbatch_lower_bound(lengths, 16384, 32, 1) == 41
 
     def count(per_sample: int) -> int:
