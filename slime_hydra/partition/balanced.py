@@ -554,9 +554,8 @@ class BalancedPacker:
     """Work for the cap repairs of a step's count search, per sample of the step besides its
     `budget`: spent only where the constructions break the cap at the first count. One
     micro-batch fewer per rank saves more step time than this costs (at most ~5 µs a sample).
-    On 144 bench_planner cases (314 steps) 20 a sample left 29 steps above K_lb, 100 left 24
-    and 200 left 20; 200 took the seed sweep's slowest GRPO draws to 3.2-3.6x the median,
-    100 keeps them within 2.6x (docs/planner.md, eleventh round)."""
+    On 144 bench_planner cases (314 steps) 20 a sample left 29 steps above K_lb, 50 left 21,
+    100 left 17 and 200 left 16 (docs/planner.md, eleventh round)."""
 
     def __call__(
         self,
