@@ -411,8 +411,7 @@ def _hopeless(was_over: np.ndarray, goal: float, excess: float, work: Work, cost
     that it cannot pack, or balancing that cannot reach its goal (a step of full bins), after
     a few passes, not after its whole budget."""
     left = float(np.maximum(was_over - goal, 0).sum())
-    cut = excess - left
-    return cut > 0 and left * cost > cut * (work.budget - work.spent)
+    return work.outpaced(left, excess - left, cost)
 
 
 def even_groups(

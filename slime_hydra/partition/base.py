@@ -45,6 +45,11 @@ class Work:
         self.charge(visits, passes)
         return True
 
+    def outpaced(self, left: float, cut: float, cost: int) -> bool:
+        """Whether work that removed `cut` (of an excess, > 0) for `cost` visits cannot remove
+        the `left` still there with what is left, at that rate."""
+        return cut > 0 and left * cost > cut * (self.budget - self.spent)
+
     def paid(self, running: np.ndarray, passes: int = 1) -> int:
         """How many of a pass's pairs, in order, what is left pays for: `running` is the
         visits of its first 1, 2, ... pairs (ascending), `passes` the searches it charges."""

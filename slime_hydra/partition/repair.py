@@ -60,7 +60,7 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
         excess = int((load[over] - cap).sum())
         if excess == 0:
             return True
-        if was is not None and excess * cost > (was - excess) * (work.budget - work.spent):
+        if was is not None and work.outpaced(excess, was - excess, cost):
             return False  # the budget left, at the last pass's rate, cannot remove the rest
         visits = pass_visits(int(counts[over].sum()), len(sizes))
         if not work.pay(visits):
