@@ -377,7 +377,6 @@ def job_of(
         dims=dims,
         seed=cfg.seed,
         iterator=factory(cfg.iterator),
-        pad_multiple=cfg.iterator.get("pad_multiple"),
         logger=factory(cfg.logger),
         tokenizer=tokenizer,
         cost=cost,

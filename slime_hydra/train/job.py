@@ -62,7 +62,6 @@ class Job:
     dims: ModelDims
     seed: int
     iterator: Callable[..., MicrobatchIterator]
-    pad_multiple: int | None
     logger: Callable[..., Sink]
     cost: StepCost
     """The step cost model (schedule/steptime.py): trainer.cost's calibration, or analytic."""
