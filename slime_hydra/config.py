@@ -106,6 +106,11 @@ class DynamicBatchingConfig(BatchingConfig):
     """Micro-batches per rank: `min`, the fewest the cap allows, or `fastest`, the count at or
     above it (and the order) whose step the cost model simulates fastest (trainer.cost, or
     the analytic model of trainer.achieved_tflops)."""
+    count_margin: float = 0.02
+    """`fastest` takes more micro-batches than the fewest only where they simulate faster by
+    more than this share (the model's error between batchings of one layout measured 1-7%;
+    fastest lost where it took more for ≤ 1.3% and won 1.16× for 6.8%: docs/cost_model.md);
+    the order of the fewest is chosen either way."""
 
 
 @dataclass

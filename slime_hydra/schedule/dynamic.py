@@ -112,6 +112,7 @@ class DynamicBatching(BatchingStrategy):
         balance: Balance | str = Balance.tokens,
         flops_coefficients: tuple[float, float] | None = None,
         count: Count | str = Count.min,
+        count_margin: float = 0.02,
         step_cost: StepCost | None = None,
     ) -> None:
         if max_tokens_per_gpu is None:
@@ -130,6 +131,13 @@ class DynamicBatching(BatchingStrategy):
                 "batching.balance=tokens."
             )
         self.count = Count(count)
+        if not 0 <= count_margin < 1:
+            raise SlimeHydraError(
+                f"batching.count_margin={count_margin} must lie in [0, 1): the share by which "
+                "more micro-batches must simulate faster than the fewest for count=fastest "
+                "to take them; the default is 0.02."
+            )
+        self.count_margin = count_margin
         self.step_cost = step_cost
         self._replayed: set[int] = set()  # counts whose pipeline replay order was paid for
         if self.count is Count.fastest and step_cost is None:
@@ -251,13 +259,14 @@ class DynamicBatching(BatchingStrategy):
         """batching.count=fastest: of the counts from the fewest packed (`k`, `bin_of`) up,
         the one whose step simulates fastest, each more tried with the construction alone (no
         balancing budget) and the chosen one packed again with it, each rank's micro-batches
-        in the order its pipeline runs fastest; kept only where it beats the fewest so
-        ordered, so `fastest` never simulates slower than `min`. The packings and simulations
-        share a work budget of the partitioner's `budget` (a packing PACKING_PASSES passes and
-        VISITS_PER_ITEM visits a sample, a simulation steptime.simulation_visits): counts and
-        orders it cannot pay for are not tried, so it costs about that budget more than `min`,
-        besides balancing the chosen count (a partitioner call) and simulating it against the
-        fewest."""
+        in the order its pipeline runs fastest; kept only where it simulates faster than the
+        fewest so ordered by more than `count_margin` (the model's error between batchings of
+        one layout, which a smaller gain does not outrun), so `fastest` never simulates slower
+        than `min`. The packings and simulations share a work budget of the partitioner's
+        `budget` (a packing PACKING_PASSES passes and VISITS_PER_ITEM visits a sample, a
+        simulation steptime.simulation_visits): counts and orders it cannot pay for are not
+        tried, so it costs about that budget more than `min`, besides balancing the chosen
+        count (a partitioner call) and simulating it against the fewest."""
         assert self.step_cost is not None
         g = self.layout.microbatch_alignment
         work = Work(self.partitioner.budget)
@@ -284,7 +293,8 @@ class DynamicBatching(BatchingStrategy):
             found = self._pack(sizes, weights, best_k, True, self._budget)
             assert found is not None  # packed above with less work
             faster = self._ordered(sizes, *found, work)
-            if self._seconds(sizes, (best_k, faster)) < self._seconds(sizes, (k, bin_of)):
+            fewest = self._seconds(sizes, (k, bin_of))
+            if self._seconds(sizes, (best_k, faster)) < (1 - self.count_margin) * fewest:
                 k, bin_of = best_k, faster
         return k, bin_of
 

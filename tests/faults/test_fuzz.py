@@ -230,6 +230,7 @@ NUMERIC_KEYS = (
     "seed",
     "batching.global_batch_size",
     "batching.max_tokens_per_gpu",
+    "batching.count_margin",
     "parallel.dp",
     "parallel.tp",
     "parallel.pp",

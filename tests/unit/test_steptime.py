@@ -147,6 +147,35 @@ def test_fastest_keeps_the_fewest_without_a_pipeline():
     assert fast.plan(lengths, list(range(64))).steps[0].num_microbatches == 4
 
 
+@pytest.mark.parametrize(("margin", "fewest"), [(0.4, True), (0.1, False)])
+def test_fastest_takes_more_only_beyond_its_margin(margin, fewest):
+    # pp=2, 16 samples of 100 tokens under a cap of 800, 1 ms a token: the fewest is 2
+    # micro-batches of 8, (2 + 1) × 0.4 = 1.2 s. Every stage does 0.8 s of work whatever the
+    # count, so no plan is 40% faster (the fewest stays); 4 micro-batches of 4 take
+    # (4 + 1) × 0.2 = 1.0 s, 17% faster, so a 10% margin takes more.
+    layout = ParallelLayout(pp=2)
+    cost = StepCost(token_s=1e-3, square_s=0.0, microbatch_s=0.0)
+    lengths = [100] * 16
+    fast = DynamicBatching(
+        layout, 16, 800, count="fastest", count_margin=margin, step_cost=cost
+    ).plan(lengths, list(range(16)))
+    ranks = [[[lengths[i] for i in mb] for mb in r] for r in fast.steps[0].ranks]
+    seconds = simulate_step(ranks, layout, cost).step_s
+    if fewest:
+        assert fast.steps[0].num_microbatches == 2 and seconds == pytest.approx(1.2)
+    else:
+        assert fast.steps[0].num_microbatches > 2 and seconds <= 0.9 * 1.2
+
+
+@pytest.mark.parametrize("margin", [-0.01, 1.0])
+def test_the_count_margin_is_a_share_below_one(margin):
+    cost = StepCost(token_s=1e-3, square_s=0.0, microbatch_s=0.0)
+    with pytest.raises(SlimeHydraError, match=rf"batching\.count_margin={margin} must lie"):
+        DynamicBatching(
+            ParallelLayout(), 8, 100, count="fastest", count_margin=margin, step_cost=cost
+        )
+
+
 def test_fastest_tries_only_what_its_budget_pays_for():
     # The pp=4 case above: with no budget `fastest` neither packs another count nor orders
     # the micro-batches, so it plans what `min` plans; the default budget finds more.
