@@ -17,6 +17,7 @@ from slime_hydra.log.sinks import open_sinks
 from slime_hydra.train.job import Job
 from slime_hydra.train.run import checkpoint
 from slime_hydra.train.run.distributed import destroy_distributed, init_distributed, seed_everything
+from slime_hydra.train.run.host_memory import keep_freed_memory
 from slime_hydra.train.run.loop import run_steps
 from slime_hydra.train.run.stops import ignore_stops, raise_on_stop
 from slime_hydra.train.run.torchrun import TorchrunEnv, torchrun_env
@@ -92,15 +93,18 @@ def steps_done(
 @contextmanager
 def rank_process(trainer: CpuTrainer, job: Job, entry: str) -> Iterator[TorchrunEnv]:
     """What every worker entry point (train, the calibration's measure) runs inside: the
-    torchrun env, SIGINT and SIGTERM raised as Stopped, this rank's share of the threads, the
-    process groups, the job's seeds, and rank 0's run dir checked as this rank's; this rank's
-    own error recorded before teardown makes its peers fail as well (the launcher reports the
-    rank where a failure happened, train/run/launch.py)."""
+    torchrun env, SIGINT and SIGTERM raised as Stopped, this rank's share of the threads, on
+    CPU freed memory kept for reuse (train/run/host_memory.py), the process groups, the job's
+    seeds, and rank 0's run dir checked as this rank's; this rank's own error recorded before
+    teardown makes its peers fail as well (the launcher reports the rank where a failure
+    happened, train/run/launch.py)."""
     env = torchrun_env()
     if env is None:
         raise SlimeHydraError(f"{entry}() runs in a torchrun worker (RANK, WORLD_SIZE, ... unset).")
     raise_on_stop()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    if trainer.device == "cpu":
+        keep_freed_memory()
     layout = job.layout
     init_distributed(layout.tp, layout.pp, layout.cp, trainer.backend, layout.vpp)
     try:
