@@ -27,6 +27,10 @@ headline figures first:
    on CUDA against a float64 reference, and proof that no token attends across a packed sequence
    boundary; the tiny GPTModel on CUDA against the same weights on CPU (logits, gradients),
    packed against one sequence at a time.
+6. calibration: `python -m slime_hydra.calibrate trainer=gpu` of the throughput model on this
+   GPU (one timed pass over micro-batches of 512 tokens up to the cap), then the dynamic
+   throughput run again with it as trainer.cost: its perf/sim_ratio says how right the
+   calibrated step-time model is on the device (the file is copied to $OUT/calibration.json).
 Results: $OUT/gpu_check.json (every run's metrics rows included), logs beside it.
 
 The parts live in benchmarks/gpu/, a module each: settings (figures, tolerances, budgets),

@@ -218,3 +218,32 @@ def fp16_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "loss_scales": [r.get("train/loss_scale") for r in rows],
         "passed": bool(applied) and finite,
     }
+
+
+def calibration_summary(
+    calibration: Mapping[str, Any], run: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The GPU's calibrated terms (with standard errors), how well they explain their own grid,
+    and measured over predicted step time (perf/sim_ratio) of the dynamic run trained with
+    them, its first step a warm-up: issue 18's ±15% on the device."""
+    grid = [s["step_s"] / s["predicted_step_s"] for s in calibration.get("samples") or []]
+    rows = (run or {}).get("rows") or []
+    ratios = [r["perf/sim_ratio"] for r in rows[1:] if r.get("perf/sim_ratio") is not None]
+    return {
+        "device": calibration.get("device"),
+        "terms": calibration.get("terms"),
+        "stderr": calibration.get("stderr"),
+        "grid_meas_over_pred_median": _median(grid),
+        "run_status": (run or {}).get("status"),
+        "run_meas_over_sim": ratios,
+        "run_meas_over_sim_median": _median(ratios),
+        "within_15pct": all(0.85 <= r <= 1.15 for r in ratios) if ratios else None,
+    }
+
+
+def _median(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

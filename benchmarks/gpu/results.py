@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .figures import (
+    calibration_summary,
     compare_losses,
     fp16_summary,
     memory_at,
@@ -14,7 +15,13 @@ from .figures import (
     summarize_run,
     tokens_that_fit,
 )
-from .settings import CARD_GIB, H200_BF16_DENSE_PEAK, MEMORY_STEP, THROUGHPUT_MODEL
+from .settings import (
+    CARD_GIB,
+    H200_BF16_DENSE_PEAK,
+    MEMORY_STEP,
+    THROUGHPUT_CAP,
+    THROUGHPUT_MODEL,
+)
 
 
 def assemble_results(
@@ -28,8 +35,10 @@ def assemble_results(
     safe_mbs: int,
     rollout: Mapping[str, Any],
     card_gib: float = CARD_GIB,
+    calibration: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The result JSON from the probe's answer and each run's record (status, rows, schedule)."""
+    """The result JSON from the probe's answer, each run's record (status, rows, schedule) and
+    the calibration file, if one was written."""
     measured = (probe or {}).get("device", {}).get("matmul_bf16_tflops")
     peaks = {"h200_dense_bf16_990": H200_BF16_DENSE_PEAK}
     if measured:
@@ -106,6 +115,11 @@ def assemble_results(
             "card_gib": card_gib,
             "tokens_fitting_card": tokens_that_fit(fit, card_gib) if fit else None,
         },
+        "calibration": (
+            calibration_summary(calibration, runs.get(f"dynamic_cap{THROUGHPUT_CAP}_calibrated"))
+            if calibration
+            else None
+        ),
         "runs": {n: {k: v for k, v in r.items() if k != "schedule"} for n, r in runs.items()},
     }
 
@@ -154,6 +168,13 @@ def result_table(results: Mapping[str, Any]) -> str:
             f"memory cap {m['max_tokens_per_gpu']:>6} ({m['batching']}): {m['status']}, step "
             f"{m['step']}: largest mb {m['mb_tokens_max']} tokens, peak allocated "
             f"{_fmt(m['allocated_gib'], 1)} GiB, reserved {_fmt(m['reserved_gib'], 1)} GiB"
+        )
+    cal = results.get("calibration") or {}
+    if cal:
+        grid, run = cal["grid_meas_over_pred_median"], cal["run_meas_over_sim_median"]
+        lines.append(
+            f"calibration on {cal['device']}: grid meas/pred {_fmt(grid, 3)}, calibrated run "
+            f"meas/sim {_fmt(run, 3)} (within ±15%: {cal['within_15pct']})"
         )
     return "\n".join(lines)
 

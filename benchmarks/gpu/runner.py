@@ -19,8 +19,17 @@ from typing import Any
 
 from .figures import largest_safe_micro_batch_size, load_dims, param_count
 from .results import assemble_results, result_table
-from .runs import RunSpec, cli_command, fp16_run, loss_runs, skip_reason, throughput_runs
+from .runs import (
+    RunSpec,
+    calibration_runs,
+    cli_command,
+    fp16_run,
+    loss_runs,
+    skip_reason,
+    throughput_runs,
+)
 from .settings import (
+    CALIBRATION_FILE,
     GROUPS,
     PROBE_MIN_S,
     REPO,
@@ -106,7 +115,7 @@ class Runner:
         run_dir = self.root / spec.name
         shutil.rmtree(run_dir, ignore_errors=True)
         log = (self.log_dir / f"run_{spec.name}.log").open("w")
-        cmd = cli_command(sys.executable, run_dir, spec.overrides)
+        cmd = cli_command(sys.executable, run_dir, spec)
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         env = dict(os.environ, PYTHONUNBUFFERED="1", HYDRA_FULL_ERROR="1", WANDB_MODE="disabled")
@@ -246,6 +255,18 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
             probe = run_probe(work, min(150.0, runner.remaining()))
         print(f"[gpu_check] probe: {json.dumps(probe, default=str)[:1500]}", flush=True)
 
+    calibration = None
+    if "calibration" in only:
+        calibrate, calibrated = calibration_runs(runner.root)
+        record = runner.run(calibrate, min_left_s=120)
+        path = runner.root / calibrate.name / CALIBRATION_FILE
+        if record and record["status"] == "ok" and path.is_file():
+            shutil.copy(path, out / CALIBRATION_FILE)
+            calibration = json.loads(path.read_text())
+            runner.run(calibrated, min_left_s=60)
+        else:
+            runner.skip(calibrated, "no calibration file")
+
     results = assemble_results(
         date=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         elapsed_s=time.monotonic() - began,
@@ -255,6 +276,7 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
         params=params,
         safe_mbs=safe_mbs,
         rollout=rollout,
+        calibration=calibration,
     )
     (out / "gpu_check.json").write_text(json.dumps(results, indent=1, default=str))
     logs = sorted(work.glob("run_*.log"))

@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from .settings import (
+    CALIBRATION_FILE,
+    CALIBRATION_MIN_TOKENS,
+    CALIBRATION_REPEATS,
     FP16_GBS,
     FP16_STEPS,
     LOSS_DATA,
@@ -40,11 +43,22 @@ class RunSpec:
     """Stop the run once metrics.jsonl holds this many rows: the trainer checkpoints after its
     last step (~21 GB of weights and Adam state for 1.5B parameters), which the check skips."""
     cap: int | None = None
+    calibrates: bool = False
+    """python -m slime_hydra.calibrate, writing CALIBRATION_FILE into the run dir, instead of
+    the app."""
 
 
-def cli_command(python: str, run_dir: Path | str, overrides: Sequence[str]) -> list[str]:
-    """The command line of one run: the app, its run dir, the overrides."""
-    return [python, "-m", "slime_hydra", f"hydra.run.dir={run_dir}", *overrides]
+def cli_command(python: str, run_dir: Path | str, spec: RunSpec) -> list[str]:
+    """The command line of one run: the app with its run dir, or the calibration with its file
+    in the run dir; then the overrides."""
+    if spec.calibrates:
+        out = Path(run_dir) / CALIBRATION_FILE
+        head = ["-m", "slime_hydra.calibrate", "--out", str(out)]
+        head += ["--repeats", str(CALIBRATION_REPEATS), "--max-tokens", str(spec.cap)]
+        head += ["--min-tokens", str(CALIBRATION_MIN_TOKENS)]
+    else:
+        head = ["-m", "slime_hydra", f"hydra.run.dir={run_dir}"]
+    return [python, *head, *spec.overrides]
 
 
 def data_overrides(data: Mapping[str, Any], global_batch_size: int) -> list[str]:
@@ -89,28 +103,9 @@ def throughput_runs(
 ) -> list[RunSpec]:
     """Dynamic and safe fixed batching at `cap` (steps each, the first a warm-up), then
     MEMORY_STEP steps of dynamic batching at each of `memory_caps` for its peak memory."""
-    common = [
-        "trainer=gpu",
-        "logger=jsonl",
-        "parallel.dp=1",
-        f"model={THROUGHPUT_MODEL}",
-        f"seed={SEED}",
-        *data_overrides(THROUGHPUT_DATA, THROUGHPUT_GBS),
-    ]
+    common = throughput_overrides()
     runs = [
-        RunSpec(
-            f"dynamic_cap{cap}",
-            "throughput",
-            (
-                *common,
-                "batching=dynamic",
-                f"batching.max_tokens_per_gpu={cap}",
-                f"trainer.max_steps={steps}",
-            ),
-            timeout_s,
-            steps,
-            cap,
-        ),
+        RunSpec(f"dynamic_cap{cap}", "throughput", dynamic(cap, steps), timeout_s, steps, cap),
         RunSpec(
             f"fixed_mbs{safe_mbs}_cap{cap}",
             "throughput",
@@ -131,18 +126,69 @@ def throughput_runs(
             RunSpec(
                 f"dynamic_cap{c}",
                 "memory",
-                (
-                    *common,
-                    "batching=dynamic",
-                    f"batching.max_tokens_per_gpu={c}",
-                    f"trainer.max_steps={MEMORY_STEP}",
-                ),
+                dynamic(c, MEMORY_STEP),
                 memory_timeout_s,
                 MEMORY_STEP,
                 c,
             )
         )
     return runs
+
+
+def model_overrides() -> list[str]:
+    """THROUGHPUT_MODEL on one GPU: what its runs and its calibration share."""
+    return [
+        "trainer=gpu",
+        "logger=jsonl",
+        "parallel.dp=1",
+        f"model={THROUGHPUT_MODEL}",
+        f"seed={SEED}",
+    ]
+
+
+def throughput_overrides() -> list[str]:
+    """What every run of THROUGHPUT_MODEL on its rollout shares."""
+    return [*model_overrides(), *data_overrides(THROUGHPUT_DATA, THROUGHPUT_GBS)]
+
+
+def dynamic(cap: int, steps: int) -> tuple[str, ...]:
+    """The throughput rollout under dynamic batching at `cap`, `steps` steps."""
+    return (
+        *throughput_overrides(),
+        "batching=dynamic",
+        f"batching.max_tokens_per_gpu={cap}",
+        f"trainer.max_steps={steps}",
+    )
+
+
+def calibration_runs(
+    runs_root: Path,
+    cap: int = THROUGHPUT_CAP,
+    steps: int = THROUGHPUT_STEPS,
+    timeout_s: float = 300,
+) -> list[RunSpec]:
+    """The calibration of THROUGHPUT_MODEL on this GPU up to `cap` (python -m
+    slime_hydra.calibrate, in runs_root/calibration), then the dynamic throughput run again with
+    it as trainer.cost: its perf/sim_ratio is how right the calibrated model is on the device."""
+    cost = f"trainer.cost={runs_root / 'calibration' / CALIBRATION_FILE}"
+    return [
+        RunSpec(
+            "calibration",
+            "calibration",
+            tuple(model_overrides()),
+            timeout_s,
+            cap=cap,
+            calibrates=True,
+        ),
+        RunSpec(
+            f"dynamic_cap{cap}_calibrated",
+            "calibration",
+            (*dynamic(cap, steps), cost),
+            150,
+            steps,
+            cap,
+        ),
+    ]
 
 
 def fp16_run(timeout_s: float = 120) -> RunSpec:

@@ -80,8 +80,21 @@ of the log-probs alone, on top of ~28 GB of weights, gradients and Adam state an
 activations per token: the setting where a micro-batch stops fitting the card (or nearly)."""
 
 
-GROUPS = ("loss", "throughput", "memory", "fp16", "probe")
+GROUPS = ("loss", "throughput", "memory", "fp16", "probe", "calibration")
 """The parts of `check`, in the order they run: the headline figures first."""
+
+
+CALIBRATION_REPEATS = 1
+
+
+CALIBRATION_MIN_TOKENS = 512
+"""python -m slime_hydra.calibrate on THROUGHPUT_MODEL at dp=1: one timed pass over the grid of
+micro-batches from 512 tokens (below the throughput rollout's fixed micro-batches) up to the
+cap, so that the whole part fits the check's budget."""
+
+
+CALIBRATION_FILE = "calibration.json"
+"""What the calibration writes into its run dir; the check copies it to $OUT."""
 
 
 PROBE_MIN_S = 40

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from benchmarks.gpu.figures import (
+    calibration_summary,
     compare_losses,
     fp16_summary,
     largest_safe_micro_batch_size,
@@ -26,7 +28,14 @@ from benchmarks.gpu.figures import (
 )
 from benchmarks.gpu.results import assemble_results, result_table
 from benchmarks.gpu.runner import read_rows
-from benchmarks.gpu.runs import cli_command, fp16_run, loss_runs, skip_reason, throughput_runs
+from benchmarks.gpu.runs import (
+    calibration_runs,
+    cli_command,
+    fp16_run,
+    loss_runs,
+    skip_reason,
+    throughput_runs,
+)
 from benchmarks.gpu.settings import (
     CARD_GIB,
     LOSS_DATA,
@@ -244,7 +253,7 @@ def test_safe_micro_batch_size_of_the_throughput_rollout():
 
 
 def test_cli_command():
-    assert cli_command("py", Path("/r/x"), ["a=1", "b=2"]) == [
+    assert cli_command("py", Path("/r/x"), replace(fp16_run(), overrides=("a=1", "b=2"))) == [
         "py",
         "-m",
         "slime_hydra",
@@ -252,6 +261,33 @@ def test_cli_command():
         "a=1",
         "b=2",
     ]
+
+
+def test_the_calibration_writes_its_file_and_the_run_after_it_loads_it():
+    calibrate, calibrated = calibration_runs(Path("/w/runs"), cap=4096, steps=3)
+    assert cli_command("py", Path("/w/runs/calibration"), calibrate) == [
+        "py",
+        "-m",
+        "slime_hydra.calibrate",
+        "--out",
+        "/w/runs/calibration/calibration.json",
+        "--repeats",
+        "1",
+        "--max-tokens",
+        "4096",
+        "--min-tokens",
+        "512",
+        "trainer=gpu",
+        "logger=jsonl",
+        "parallel.dp=1",
+        "model=qwen2_5_1_5b",
+        "seed=1234",
+    ]
+    assert calibrated.overrides[-1] == "trainer.cost=/w/runs/calibration/calibration.json"
+    assert list(calibrated.overrides[:-1]) == list(
+        throughput_runs(2, cap=4096, steps=3)[0].overrides
+    )
+    assert (calibrated.group, calibrated.stop_after_rows) == ("calibration", 3)
 
 
 def test_loss_runs_differ_only_in_trainer_and_dtype():
@@ -326,7 +362,7 @@ def test_throughput_runs():
 
 def test_overrides_compose(compose_cfg):
     """Every override the check passes is one the app accepts (composition, not a run)."""
-    for spec in [*loss_runs(), *throughput_runs(2)]:
+    for spec in [*loss_runs(), *throughput_runs(2), *calibration_runs(Path("/w"))]:
         cfg = compose_cfg(*spec.overrides)
         assert cfg.parallel.dp == 1
     cfg = compose_cfg(*throughput_runs(2)[1].overrides)
@@ -497,6 +533,36 @@ def test_assemble_results_without_probe_or_runs():
     assert out["peaks_flops"] == {"h200_dense_bf16_990": 990e12}
     assert out["memory"]["card_gib"] == CARD_GIB
     result_table(out)
+
+
+def test_calibration_summary_by_hand():
+    calibration = {
+        "device": "NVIDIA H200",
+        "terms": {"token_s": 1e-6},
+        "stderr": {"token_s": 1e-8},
+        "samples": [
+            {"step_s": 1.1, "predicted_step_s": 1.0},
+            {"step_s": 0.9, "predicted_step_s": 1.0},
+            {"step_s": 2.0, "predicted_step_s": 1.6},
+        ],
+    }
+    # The first row is the warm-up; 1.10 and 1.20 are timed: median 1.15, one beyond ±15%.
+    run = {
+        "status": "ok",
+        "rows": [{"perf/sim_ratio": 3.0}, {"perf/sim_ratio": 1.1}, {"perf/sim_ratio": 1.2}],
+    }
+    out = calibration_summary(calibration, run)
+    assert out["grid_meas_over_pred_median"] == pytest.approx(1.1)
+    assert out["run_meas_over_sim"] == [1.1, 1.2]
+    assert out["run_meas_over_sim_median"] == pytest.approx(1.15)
+    assert out["within_15pct"] is False
+    assert out["terms"] == {"token_s": 1e-6} and out["run_status"] == "ok"
+    missed = calibration_summary(calibration, None)
+    assert missed["run_meas_over_sim_median"] is None and missed["within_15pct"] is None
+    table = result_table(
+        {"date": "d", "elapsed_s": 1, "calibration": calibration_summary(calibration, run)}
+    )
+    assert "calibrated run meas/sim 1.150 (within ±15%: False)" in table
 
 
 def test_read_rows_skips_a_half_written_line(tmp_path):
