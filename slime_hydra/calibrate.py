@@ -65,6 +65,7 @@ UNITS = {
     "square_s": "s/token²",
     "microbatch_s": "s/micro-batch",
     "sequence_s": "s/sequence",
+    "microbatch_square_s": "s/(micro-batch token)²",
     "p2p_s": "s/exchange",
     "allreduce_s": "s/step",
     "optimizer_s": "s/step",

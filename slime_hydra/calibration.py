@@ -5,7 +5,7 @@ for plan mode, the trainers' sim/step_s and batching.count=fastest.
     {"format": 1, "model": "qwen2_5_0_5b", "device": "...",
      "layout": {"dp": 2, "tp": 1, "pp": 2, "vpp": 2, "cp": 1},
      "terms": {"token_s": ..., "square_s": ..., "microbatch_s": ..., "sequence_s": ...,
-               "p2p_s": ..., "allreduce_s": ..., "optimizer_s": ...},
+               "microbatch_square_s": ..., "p2p_s": ..., "allreduce_s": ..., "optimizer_s": ...},
      "stderr": {...the same keys...}, "samples": [...the timed steps...],
      "exchange_s": [...the timed p2p exchanges, pp > 1...]}
 
@@ -14,7 +14,8 @@ The terms are per model replica of the layout, so a file holds for one model and
 
 Units: token_s seconds per token, square_s seconds per squared sequence length (Σ L² over the
 micro-batch's sequences), microbatch_s seconds per micro-batch, sequence_s seconds per sequence
-of a micro-batch (a file from before this term loads it as 0), p2p_s seconds per exchange
+of a micro-batch, microbatch_square_s seconds per squared micro-batch size ((ΣL)²: a file from
+before either term loads it as 0), p2p_s seconds per exchange
 between pipeline stages (one blocking call of megatron's schedule, however many transfers it
 carries), allreduce_s and optimizer_s seconds per step; `stderr` holds each one's standard
 error in the same unit. `calibration_grid` is what is timed, `fit_step_cost` how the terms come
@@ -92,7 +93,7 @@ def calibration_json(
     return json.dumps(data, indent=1) + "\n"
 
 
-PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s")
+PIPELINE_TERMS = ("token_s", "square_s", "microbatch_s", "sequence_s", "microbatch_square_s")
 """The terms fitted to the time in megatron's schedule; p2p_s is measured on its own."""
 
 

@@ -5,8 +5,10 @@ FLOPs of the model at trainer.achieved_tflops plus trainer.microbatch_overhead_m
 
 A micro-batch of sequences L_1..L_n costs, forward and backward through the whole model on one
 model replica of the layout (its tp × cp GPUs; a pipeline stage's model chunk takes 1/(pp·vpp)
-of it): token_s · ΣL + square_s · ΣL² + sequence_s · n + microbatch_s (sequence_s: what
-attention and the loss pay per packed sequence, e.g. one kernel call each under CP). Each
+of it): token_s · ΣL + square_s · ΣL² + sequence_s · n + microbatch_s + microbatch_square_s ·
+(ΣL)² (sequence_s: what attention and the loss pay per packed sequence, e.g. one kernel call
+each under CP; microbatch_square_s: what each token costs more the larger its micro-batch,
+e.g. activations that outgrow a CPU's caches). Each
 exchange between pipeline stages (one blocking call of megatron's schedule, sending and
 receiving activations and gradients; schedule.pipeline) costs p2p_s; the step ends with the DP
 gradient all-reduce and the optimizer step, once each.
@@ -44,6 +46,7 @@ TERMS = (
     "square_s",
     "microbatch_s",
     "sequence_s",
+    "microbatch_square_s",
     "p2p_s",
     "allreduce_s",
     "optimizer_s",
@@ -63,6 +66,7 @@ class StepCost:
     square_s: float
     microbatch_s: float
     sequence_s: float = 0.0
+    microbatch_square_s: float = 0.0
     p2p_s: float = 0.0
     allreduce_s: float = 0.0
     optimizer_s: float = 0.0
@@ -121,6 +125,7 @@ class StepCost:
             + self.square_s * squares
             + self.sequence_s * sequences
             + self.microbatch_s
+            + self.microbatch_square_s * tokens * tokens
         )
 
 

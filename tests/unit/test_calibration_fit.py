@@ -21,9 +21,18 @@ from slime_hydra.schedule.steptime import StepCost, simulate_step
 
 DP2 = ParallelLayout(dp=2)
 PP2_VPP2 = ParallelLayout(pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
-TRUE = StepCost(2e-5, 3e-9, 4e-3, sequence_s=5e-4, p2p_s=1e-3, allreduce_s=0.01, optimizer_s=0.02)
+TRUE = StepCost(
+    2e-5,
+    3e-9,
+    4e-3,
+    sequence_s=5e-4,
+    microbatch_square_s=2e-9,
+    p2p_s=1e-3,
+    allreduce_s=0.01,
+    optimizer_s=0.02,
+)
 START = StepCost(1e-6, 1e-10, 1e-4)  # far from TRUE, as the analytic model is on CPU
-PIPELINE = ("token_s", "square_s", "microbatch_s", "sequence_s")
+PIPELINE = ("token_s", "square_s", "microbatch_s", "sequence_s", "microbatch_square_s")
 
 
 def exchanges(layout: ParallelLayout, cost: StepCost, noise: float = 0.0, seed: int = 0) -> list:
@@ -36,7 +45,12 @@ def synthetic(layout: ParallelLayout, cost: StepCost, noise: float, seed: int = 
     """The grid timed by the simulator under `cost`, pipeline seconds with relative noise."""
     rng = np.random.default_rng(seed)
     pipe = StepCost(
-        cost.token_s, cost.square_s, cost.microbatch_s, sequence_s=cost.sequence_s, p2p_s=cost.p2p_s
+        cost.token_s,
+        cost.square_s,
+        cost.microbatch_s,
+        sequence_s=cost.sequence_s,
+        microbatch_square_s=cost.microbatch_square_s,
+        p2p_s=cost.p2p_s,
     )
     samples = []
     for count, mb in calibration_grid(layout, 2048):
@@ -86,8 +100,8 @@ def test_a_term_the_data_does_not_need_is_held_at_zero() -> None:
 
 
 def test_too_few_timed_steps_are_refused() -> None:
-    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:4]
-    with pytest.raises(SlimeHydraError, match="more than 4 timed steps, got 4"):
+    samples = synthetic(PP2_VPP2, TRUE, noise=0.0)[:5]
+    with pytest.raises(SlimeHydraError, match="more than 5 timed steps, got 5"):
         fit_step_cost(samples, PP2_VPP2, START, "f", exchanges(PP2_VPP2, TRUE))
 
 

@@ -54,6 +54,15 @@ def test_a_micro_batch_costs_the_tokens_the_engine_packs():
     assert seconds == pytest.approx([16 + 0.001 * (64 + 16 + 16) + 1.5])
 
 
+def test_a_micro_batch_costs_more_per_token_the_larger_it_is():
+    # 1 µs a token and 1 ns a squared micro-batch token: 1,000 tokens in one micro-batch
+    # cost 1e-3 + 1e-3 s; in two of 500, 2 × (5e-4 + 2.5e-4) = 1.5e-3 s.
+    cost = StepCost(1e-6, 0.0, 0.0, microbatch_square_s=1e-9)
+    one = bin_seconds(np.array([0, 0]), np.array([400, 600]), 1, cost)
+    two = bin_seconds(np.array([0, 1]), np.array([500, 500]), 2, cost)
+    assert one.tolist() == pytest.approx([2e-3]) and two.sum() == pytest.approx(1.5e-3)
+
+
 def test_p2p_sends_and_the_tail_by_hand():
     # pp=2, one micro-batch of 6 tokens: f = 1, b = 2 per stage. F0 [0, 1], sent 0.5, F1
     # [1.5, 2.5], B1 [2.5, 4.5], sent 0.5, B0 [5, 7]; then all-reduce 1 and optimizer 2: 10 s.
