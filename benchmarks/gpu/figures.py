@@ -5,6 +5,7 @@ comparison, the fp16 run's summary. Pure, tested on CPU."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -233,17 +234,9 @@ def calibration_summary(
         "device": calibration.get("device"),
         "terms": calibration.get("terms"),
         "stderr": calibration.get("stderr"),
-        "grid_meas_over_pred_median": _median(grid),
+        "grid_meas_over_pred_median": statistics.median(grid) if grid else None,
         "run_status": (run or {}).get("status"),
         "run_meas_over_sim": ratios,
-        "run_meas_over_sim_median": _median(ratios),
+        "run_meas_over_sim_median": statistics.median(ratios) if ratios else None,
         "within_15pct": all(0.85 <= r <= 1.15 for r in ratios) if ratios else None,
     }
-
-
-def _median(values: Sequence[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

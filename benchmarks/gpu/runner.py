@@ -21,6 +21,7 @@ from .figures import largest_safe_micro_batch_size, load_dims, param_count
 from .results import assemble_results, result_table
 from .runs import (
     RunSpec,
+    calibration_file,
     calibration_runs,
     cli_command,
     fp16_run,
@@ -259,7 +260,7 @@ def check(out: Path, budget_s: float, work: Path, only: Sequence[str] = GROUPS) 
     if "calibration" in only:
         calibrate, calibrated = calibration_runs(runner.root)
         record = runner.run(calibrate, min_left_s=120)
-        path = runner.root / calibrate.name / CALIBRATION_FILE
+        path = calibration_file(runner.root)
         if record and record["status"] == "ok" and path.is_file():
             shutil.copy(path, out / CALIBRATION_FILE)
             calibration = json.loads(path.read_text())

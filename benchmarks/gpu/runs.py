@@ -161,6 +161,15 @@ def dynamic(cap: int, steps: int) -> tuple[str, ...]:
     )
 
 
+CALIBRATION_RUN = "calibration"
+"""The calibration's run name, and its run dir under the check's runs."""
+
+
+def calibration_file(runs_root: Path) -> Path:
+    """Where the calibration run writes its file (its run dir under `runs_root`)."""
+    return runs_root / CALIBRATION_RUN / CALIBRATION_FILE
+
+
 def calibration_runs(
     runs_root: Path,
     cap: int = THROUGHPUT_CAP,
@@ -170,10 +179,10 @@ def calibration_runs(
     """The calibration of THROUGHPUT_MODEL on this GPU up to `cap` (python -m
     slime_hydra.calibrate, in runs_root/calibration), then the dynamic throughput run again with
     it as trainer.cost: its perf/sim_ratio is how right the calibrated model is on the device."""
-    cost = f"trainer.cost={runs_root / 'calibration' / CALIBRATION_FILE}"
+    cost = f"trainer.cost={calibration_file(runs_root)}"
     return [
         RunSpec(
-            "calibration",
+            CALIBRATION_RUN,
             "calibration",
             tuple(model_overrides()),
             timeout_s,
