@@ -13,7 +13,9 @@ pure-Python first-fit of the same steps (baselines.first_fit_bins) in the same p
 load on the machine shifts both; a figure is per step. Quality is against the proven bounds the
 planner logs: K over `batch/num_microbatches_lb`, the largest micro-batch over
 `batch/mb_tokens_lb`; each step above K_lb goes to the count oracle (count_oracle.py), and
-`lower` counts those it packs one count lower: plans the planner missed. The seed sweep plans
+`lower` counts those it packs one count lower: plans the planner missed; of the others, `proven`
+counts those where the LP relaxation (count_lp.py) proves one count lower out of reach: there
+the bound, not the planner, is short, and K is the fewest. The seed sweep plans
 fixed cases (family, size, layout) on several draws each and reports the slowest draw against
 the median one. The exit status is 0 either way (the figures are the result).
 """
@@ -37,6 +39,7 @@ sys.path.append(str(Path(__file__).resolve().parents[1]))  # tests.families; PYT
 
 import numpy as np
 from baselines import first_fit_bins
+from count_lp import lp_bins
 from count_oracle import packs
 
 from slime_hydra.errors import SlimeHydraError
@@ -110,6 +113,7 @@ class Result:
     spread: float  # (max - min) / median of the plan's repeats
     k_over: int  # steps whose K is above its bound
     k_missed: int  # of those, steps the count oracle packs one aligned count lower
+    k_proven: int  # of those, steps the LP bound proves no aligned count lower can be packed
     quality: float  # worst largest-micro-batch over its bound
     dp_imbalance: float
     broken: int  # cap violations + empty micro-batches + invariant violations
@@ -142,12 +146,15 @@ def run_case(case: Case, repeats: int) -> Result:
                 ff_times.append((time.process_time() - t0) * 1e3)
     assert schedule is not None
     cap = case.max_tokens * case.layout.cp
-    k_over, k_missed, quality, dp_imb, broken = 0, 0, 0.0, 0.0, 0
+    k_over, k_missed, k_proven, quality, dp_imb, broken = 0, 0, 0, 0.0, 0.0, 0
     for step in schedule.steps:
         m = step_metrics(step, case.lengths, cap, case.layout, FLOPS)
         if m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]:
             k_over += 1
-            k_missed += packs_lower(step, case.lengths, cap, case.layout)
+            if packs_lower(step, case.lengths, cap, case.layout):
+                k_missed += 1
+            else:
+                k_proven += proven_lowest(step, case.lengths, cap, case.layout)
         quality = max(quality, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
         dp_imb = max(dp_imb, m["batch/dp_token_imbalance"])
         broken += m["batch/cap_violations"] + m["batch/empty_microbatches"]
@@ -160,6 +167,7 @@ def run_case(case: Case, repeats: int) -> Result:
         (max(plan_times) - min(plan_times)) / med if med else 0.0,
         k_over,
         k_missed,
+        k_proven,
         quality,
         dp_imb,
         broken,
@@ -177,10 +185,26 @@ def packs_lower(
     return packs(sizes[sizes <= cap], bins, cap)
 
 
+def proven_lowest(
+    step: StepSchedule, lengths: Sequence[int], cap: int, layout: ParallelLayout
+) -> bool:
+    """Whether the LP bound (count_lp.py) proves that no plan has one VPP-aligned count fewer
+    than the step's K: its samples within the cap need more bins than that count leaves them
+    beside the over-cap samples' own. The step's micro-batches seed the LP's columns."""
+    per_mb, samples = step.flat()
+    sizes = np.asarray(lengths, dtype=np.int64)[samples]
+    bin_of = np.repeat(np.arange(per_mb.size), per_mb)
+    normal = sizes <= cap
+    k = step.num_microbatches - layout.microbatch_alignment
+    bins = layout.dp * k - int((~normal).sum())
+    return lp_bins(sizes[normal], cap, start=bin_of[normal]) > bins
+
+
 def report(results: Sequence[Result]) -> None:
     print(
         f"\n{'family':9s} {'cases':>5s} {'ms/1k worst':>11s} {'median':>7s} {'worst/med':>9s}"
-        f" {'plan/FF worst':>13s} {'q worst':>8s} {'K>K_lb':>6s} {'lower':>5s} {'dp imb':>7s}"
+        f" {'plan/FF worst':>13s} {'q worst':>8s} {'K>K_lb':>6s} {'lower':>5s} {'proven':>6s}"
+        f" {'dp imb':>7s}"
         f" {'broken':>6s}"
     )
     by_family: dict[str, list[Result]] = defaultdict(list)
@@ -194,6 +218,7 @@ def report(results: Sequence[Result]) -> None:
             f"{family:9s} {len(rs):5d} {max(per_1k):11.2f} {med:7.2f} {max(per_1k) / med:9.1f}"
             f" {max(big, default=float('nan')):13.3f} {max(r.quality for r in rs):8.4f}"
             f" {sum(r.k_over for r in rs):6d} {sum(r.k_missed for r in rs):5d}"
+            f" {sum(r.k_proven for r in rs):6d}"
             f" {max(r.dp_imbalance for r in rs):7.4f}"
             f" {sum(r.broken for r in rs):6d}"
         )
@@ -226,7 +251,8 @@ def report(results: Sequence[Result]) -> None:
         f" ({len(at)} cases); all cases: {sum(r.broken for r in results)} broken invariants,"
         f" {sum(r.k_over for r in results)} steps with K > K_lb, of which"
         f" {sum(r.k_missed for r in results)} pack one count lower (the count oracle: a plan"
-        " the planner missed)"
+        f" the planner missed) and {sum(r.k_proven for r in results)} cannot (the LP bound:"
+        " K is the fewest)"
     )
 
 
@@ -246,14 +272,15 @@ SWEEP = (
 def seed_sweep(seed: int, draws: int) -> None:
     """Each SWEEP case drawn `draws` times (one seed each, from the run's): the slowest draw's
     plan time against the median draw's (the issue's 'slowest seed within 3x the median'),
-    with the worst quality and the draws with K over K_lb."""
+    with the worst quality and the draws with K over K_lb: those the count oracle packs lower
+    and those the LP bound proves at their fewest."""
     print(f"\nseed sweep ({draws} draws a case, cap 16384, one step; CPU ms):")
     print(
         f"{'family':9s} {'samples':>7s} {'dp':>4s} {'median':>8s} {'slowest':>8s}"
-        f" {'slow/med':>8s} {'q worst':>8s} {'K>K_lb':>6s}"
+        f" {'slow/med':>8s} {'q worst':>8s} {'K>K_lb':>6s} {'lower':>5s} {'proven':>6s}"
     )
     for family, n, dp in SWEEP:
-        times, worst, over = [], 0.0, 0
+        times, worst, over, lower, proven = [], 0.0, 0, 0, 0
         layout = ParallelLayout(dp=dp)
         for draw in range(draws):
             lengths = lengths_of(family, np.random.default_rng([seed, draw, n]), n, 16384)
@@ -267,11 +294,16 @@ def seed_sweep(seed: int, draws: int) -> None:
             times.append((time.process_time() - start) * 1e3)
             m = step_metrics(schedule.steps[0], lengths, 16384, layout, FLOPS)
             worst = max(worst, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
-            over += m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]
+            if m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]:
+                over += 1
+                if packs_lower(schedule.steps[0], lengths, 16384, layout):
+                    lower += 1
+                else:
+                    proven += proven_lowest(schedule.steps[0], lengths, 16384, layout)
         med = statistics.median(times)
         print(
             f"{family:9s} {n:7d} {dp:4d} {med:8.1f} {max(times):8.1f} {max(times) / med:8.1f}"
-            f" {worst:8.4f} {over:3d}/{len(times)}"
+            f" {worst:8.4f} {over:3d}/{len(times)} {lower:5d} {proven:6d}"
         )
 
 
