@@ -46,11 +46,11 @@ def lp_bins_lower_bound(
     m = vals.size
     singles = np.minimum(demand, capacity // vals)  # one size as often as a bin holds it
     columns = [singles[i] * np.eye(m, dtype=np.int64)[i] for i in range(m)]
-    if start is not None:
+    if start is not None:  # its distinct bins
         kept = item_type >= 0
-        bins = start[kept]
-        for b in np.unique(bins):
-            columns.append(np.bincount(item_type[kept][bins == b], minlength=m))
+        bins = np.unique(start[kept], return_inverse=True)[1]
+        filled = np.bincount(bins * m + item_type[kept], minlength=(int(bins.max()) + 1) * m)
+        columns.extend(np.unique(filled.reshape(-1, m), axis=0))
     # The knapsack's 0/1 items: each size's demand split in 1, 2, 4, ... (any count reachable).
     kind, times = _split(demand)
     weight = vals[kind] * times
