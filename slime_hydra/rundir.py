@@ -69,6 +69,7 @@ RESUME_FREE = (
     "trainer.nproc_per_node",
     "trainer.skip_nonfinite",
     "trainer.export_hf",
+    "trainer.warmup",
     "logger.",
 )
 """Keys (or `prefix.`) a resume may change: how long, how often to save, where to log."""

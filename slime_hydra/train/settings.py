@@ -75,6 +75,11 @@ class CpuTrainer(StepCostSettings):
     export_hf: bool = False
     """Write the trained model as a Hugging Face checkpoint, <run dir>/hf/, at every checkpoint
     and at the end (config.json, safetensors, and model.path's tokenizer files)."""
+    warmup: bool = True
+    """Before the first step, run forward and backward of each rank's largest micro-batch of
+    the steps to train (train/run/warmup.py; no update): memory grows to that size there (the
+    host heap's first touch on CPU, the caching allocator on GPU), so an out-of-memory error
+    comes before step 1 and perf/step_s times steady steps."""
 
     backend: ClassVar[str] = "gloo"
     device: ClassVar[str] = "cpu"

@@ -66,6 +66,7 @@ def test_default_command_trains_tiny_model_on_two_ranks(tmp_path: Path) -> None:
     out = ok(run_cli(tmp_path, timeout=300))
     rows = metrics(tmp_path)
     assert "Launching 2 gloo workers" in out
+    assert "warm-up: forward and backward of the largest micro-batch" in out
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 3
     assert f"step {len(rows)}/{len(rows)} " in out
     assert all(math.isfinite(x) for x in losses(rows))
@@ -106,6 +107,17 @@ def test_tensor_parallel_two_ranks_matches_data_parallel(
     # Same seed, same weights (split over 2 TP ranks), the same global batch: the same losses.
     assert losses(rows) == pytest.approx(losses(reference)[:2], rel=1e-4)
     assert rows[0]["train/grad_norm"] == pytest.approx(reference[0]["train/grad_norm"], rel=1e-4)
+
+
+def test_warmup_leaves_the_training_as_it_was(tmp_path: Path, reference: list[dict]) -> None:
+    # The reference warmed up (the default); a warm-up that updated the weights or left its
+    # gradients in step 1's would change every loss after the first or step 1's gradient norm.
+    out = ok(run_cli(tmp_path, *SMALL, "trainer.warmup=false"))
+    assert "warm-up:" not in out
+    rows = metrics(tmp_path)
+    assert losses(rows) == pytest.approx(losses(reference), rel=1e-5)
+    grad_norms = [r["train/grad_norm"] for r in rows]
+    assert grad_norms == pytest.approx([r["train/grad_norm"] for r in reference], rel=1e-5)
 
 
 def test_resume_continues_from_last_checkpoint(tmp_path: Path, reference: list[dict]) -> None:

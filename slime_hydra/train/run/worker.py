@@ -21,6 +21,7 @@ from slime_hydra.train.run.host_memory import keep_freed_memory
 from slime_hydra.train.run.loop import run_steps
 from slime_hydra.train.run.stops import ignore_stops, raise_on_stop
 from slime_hydra.train.run.torchrun import TorchrunEnv, torchrun_env
+from slime_hydra.train.run.warmup import warm_up
 from slime_hydra.train.settings import CpuTrainer
 from slime_hydra.train.step import cpu_shim
 from slime_hydra.train.step.engine import MegatronEngine, PolicyLoss
@@ -133,6 +134,8 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         # collective of the step loop: the other ranks wait here, not inside an all-reduce.
         dist.barrier()
         try:
+            if trainer.warmup and done < num_steps:
+                warm_up(engine, job, done)
             run_steps(engine, trainer, job, env, done, num_steps, sink, counters)
         finally:
             close_sink(sink)
