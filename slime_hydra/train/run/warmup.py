@@ -24,12 +24,12 @@ from slime_hydra.train.step.engine import MegatronEngine
 log = logging.getLogger(__name__)
 
 
-def warmup_step(schedule: Schedule, layout: ParallelLayout, first: int) -> StepSchedule:
-    """A step whose DP rank r runs rank r's largest micro-batch (by tokens) of the schedule's
-    steps from index `first`, as many times as the VPP group takes (megatron's interleaved
-    schedule needs a multiple)."""
+def warmup_step(schedule: Schedule, layout: ParallelLayout, first: int, stop: int) -> StepSchedule:
+    """A step whose DP rank r runs rank r's largest micro-batch (by tokens) of the steps this
+    run trains (indices `first` to `stop` - 1), as many times as the VPP group takes
+    (megatron's interleaved schedule needs a multiple)."""
     lengths = schedule.lengths
-    steps = schedule.steps[first:]
+    steps = schedule.steps[first:stop]
     ranks = []
     for rank in range(layout.dp):
         largest = max(
@@ -40,10 +40,10 @@ def warmup_step(schedule: Schedule, layout: ParallelLayout, first: int) -> StepS
     return StepSchedule.build(first, ranks)
 
 
-def warm_up(engine: MegatronEngine, job: Job, first: int) -> None:
+def warm_up(engine: MegatronEngine, job: Job, first: int, stop: int) -> None:
     """Run `warmup_step` forward and backward on this rank (every rank takes part: the
     gradient all-reduce is collective) and log its tokens and seconds."""
-    step = warmup_step(job.schedule, job.layout, first)
+    step = warmup_step(job.schedule, job.layout, first, stop)
     tic = time.perf_counter()
     engine.forward_backward(rank_microbatches(job.iterator, job.rollout, step))
     tokens = max(sum(job.schedule.lengths[i] for i in rank[0]) for rank in step.ranks)

@@ -135,7 +135,7 @@ def train(trainer: CpuTrainer, job: Job) -> None:
         dist.barrier()
         try:
             if trainer.warmup and done < num_steps:
-                warm_up(engine, job, done)
+                warm_up(engine, job, done, num_steps)
             run_steps(engine, trainer, job, env, done, num_steps, sink, counters)
         finally:
             close_sink(sink)
