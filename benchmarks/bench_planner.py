@@ -151,10 +151,9 @@ def run_case(case: Case, repeats: int) -> Result:
         m = step_metrics(step, case.lengths, cap, case.layout, FLOPS)
         if m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]:
             k_over += 1
-            if packs_lower(step, case.lengths, cap, case.layout):
-                k_missed += 1
-            else:
-                k_proven += proven_lowest(step, case.lengths, cap, case.layout)
+            why = below_k(step, case.lengths, cap, case.layout)
+            k_missed += why == "lower"
+            k_proven += why == "proven"
         quality = max(quality, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
         dp_imb = max(dp_imb, m["batch/dp_token_imbalance"])
         broken += m["batch/cap_violations"] + m["batch/empty_microbatches"]
@@ -174,30 +173,22 @@ def run_case(case: Case, repeats: int) -> Result:
     )
 
 
-def packs_lower(
+def below_k(
     step: StepSchedule, lengths: Sequence[int], cap: int, layout: ParallelLayout
-) -> bool:
-    """Whether the count oracle packs the step one VPP-aligned count below its K (its samples
-    over the cap alone, the others into the micro-batches left)."""
-    sizes = np.asarray(lengths, dtype=np.int64)[step.flat()[1]]
-    k = step.num_microbatches - layout.microbatch_alignment
-    bins = layout.dp * k - int((sizes > cap).sum())
-    return packs(sizes[sizes <= cap], bins, cap)
-
-
-def proven_lowest(
-    step: StepSchedule, lengths: Sequence[int], cap: int, layout: ParallelLayout
-) -> bool:
-    """Whether the LP bound (count_lp.py) proves that no plan has one VPP-aligned count fewer
-    than the step's K: its samples within the cap need more bins than that count leaves them
-    beside the over-cap samples' own. The step's micro-batches seed the LP's columns."""
+) -> str | None:
+    """Why the step's K is above K_lb, one VPP-aligned count fewer asked of its samples within
+    the cap (the over-cap ones alone in theirs): "lower" where the count oracle packs them (a
+    plan the planner missed), "proven" where the LP bound (count_lp.py, seeded with the step's
+    micro-batches) proves they need more bins (K is the fewest), None where neither knows."""
     per_mb, samples = step.flat()
     sizes = np.asarray(lengths, dtype=np.int64)[samples]
-    bin_of = np.repeat(np.arange(per_mb.size), per_mb)
     normal = sizes <= cap
     k = step.num_microbatches - layout.microbatch_alignment
     bins = layout.dp * k - int((~normal).sum())
-    return lp_bins(sizes[normal], cap, start=bin_of[normal]) > bins
+    if packs(sizes[normal], bins, cap):
+        return "lower"
+    bin_of = np.repeat(np.arange(per_mb.size), per_mb)
+    return "proven" if lp_bins(sizes[normal], cap, start=bin_of[normal]) > bins else None
 
 
 def report(results: Sequence[Result]) -> None:
@@ -296,10 +287,9 @@ def seed_sweep(seed: int, draws: int) -> None:
             worst = max(worst, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
             if m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]:
                 over += 1
-                if packs_lower(schedule.steps[0], lengths, 16384, layout):
-                    lower += 1
-                else:
-                    proven += proven_lowest(schedule.steps[0], lengths, 16384, layout)
+                why = below_k(schedule.steps[0], lengths, 16384, layout)
+                lower += why == "lower"
+                proven += why == "proven"
         med = statistics.median(times)
         print(
             f"{family:9s} {n:7d} {dp:4d} {med:8.1f} {max(times):8.1f} {max(times) / med:8.1f}"

@@ -44,8 +44,8 @@ def lp_bins_lower_bound(
             return 0.0
         vals, demand, item_type = vals[1:], demand[1:], item_type - 1
     m = vals.size
-    singles = np.minimum(demand, capacity // vals)  # one size as often as a bin holds it
-    columns = [singles[i] * np.eye(m, dtype=np.int64)[i] for i in range(m)]
+    # One size as often as a bin holds it: the rows of a diagonal matrix, built once.
+    columns = list(np.diag(np.minimum(demand, capacity // vals)))
     if start is not None:  # its distinct bins
         kept = item_type >= 0
         bins = np.unique(start[kept], return_inverse=True)[1]

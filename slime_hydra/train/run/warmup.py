@@ -46,7 +46,7 @@ def warm_up(engine: MegatronEngine, job: Job, first: int, stop: int) -> None:
     step = warmup_step(job.schedule, job.layout, first, stop)
     tic = time.perf_counter()
     engine.forward_backward(rank_microbatches(job.iterator, job.rollout, step))
-    tokens = max(sum(job.schedule.lengths[i] for i in rank[0]) for rank in step.ranks)
+    tokens = max(rank[0] for rank in step.microbatch_tokens(job.schedule.lengths))
     log.info(
         "warm-up: forward and backward of the largest micro-batch (%d tokens) in %.2f s; "
         "trainer.warmup=false skips it",
