@@ -8,9 +8,10 @@ For a candidate maximum T, any partition into `parts` parts of load <= T must sa
   ("big") sit in distinct parts. For equal items this makes the bound exact;
 - for every size y, the small items of size >= y fit only into parts whose room left after
   their big item (T, or T - big) is >= y, so their total is at most the sum of those rooms.
-- Fekete and Schepers' dual feasible functions u_k, k = 2..16 (`_dual_feasible`), tried last
-  because they rarely bind: they see a spike of samples just over T/3 whose pairs leave too
-  little room for anything else of T/7 or more (truncated reasoning steps: +0.6-2% on the bound).
+- Fekete and Schepers' dual feasible functions u_k, k = 2..16 (`_dual_feasible`), and the
+  pairs' functions F_s (`_pairs_fit`), tried last because they rarely bind: they see a spike of
+  samples over T/3 whose pairs leave too little room for what is left (truncated reasoning
+  steps: u_k +0.6-2% on the bound, F_s up to 2% more, where the LP relaxation proves it).
 A T failing any test is below the optimum. Beside them, without T: where n > k × parts items,
 some parts hold k + 1 or more (`_crowded_bound`). Feasibility grows with T (a bigger T only adds
 room), so the smallest T passing all tests, found by bisection, is a lower bound on the
@@ -118,14 +119,19 @@ def max_part_lower_bound(
     if not _passes(items, parts, hi):  # only if `upper` was not reachable
         hi = max(hi, reachable)
     lo = _least_passing(lambda t: _passes(items, parts, t), lo, hi, rel_tol)
-    if lo < hi and not _dual_feasible(items, parts, lo):  # rarely binds: tried last
+    if lo < hi and not _dual_fit(items, parts, lo):  # rarely binds: tried last
         lo = _least_passing(
-            lambda t: _passes(items, parts, t) and _dual_feasible(items, parts, t),
+            lambda t: _passes(items, parts, t) and _dual_fit(items, parts, t),
             lo + 1,
             hi,
             rel_tol,
         )
     return lo
+
+
+def _dual_fit(items: _Items, parts: int, t: int) -> bool:
+    """Whether `items` (all <= t) pass both families of dual feasible functions."""
+    return _dual_feasible(items, parts, t) and _pairs_fit(items, parts, t)
 
 
 def _least_passing(passes: Callable[[int], bool], lo: int, hi: int, rel_tol: float) -> int:
@@ -168,6 +174,48 @@ def _dual_sums(items: _Items, t: int) -> np.ndarray:
     return whole @ counts * t - (exact * values[None, :]) @ counts
 
 
+def _pairs_fit(items: _Items, parts: int, t: int) -> bool:
+    """Whether `items` (all <= t) pass every pairs' function F_s (`_pair_sums`): each part's
+    F_s-sum is at most 2(t - s), so the items' is at most `parts` times that."""
+    sums, limits = _pair_sums(items, t)
+    return bool((sums <= parts * limits).all())
+
+
+def _pair_sums(items: _Items, t: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each item size s in (t/3, t/2], the items' F_s-sum and what one part of load <= t
+    holds of it, 2(t - s). With the items of size >= s "large":
+        F_s(x) = 0 for x <= t - 2s;  x for t - 2s < x < s;  t - s for s <= x <= t - s;
+                 x + t - 2s for x > t - s.
+    A part holds at most two large items (three weigh more than t). With two, both are at most
+    t - s and the rest at most t - 2s: 2(t - s). With one, x, the rest (below s, F_s at most
+    their size) weigh at most t - x: t - s + t - x, or x + t - 2s + t - x, both at most
+    2(t - s). With none, at most t <= 2(t - s). Where a spike of samples lies just over t/3,
+    at most `parts` of them go without a partner, and each pair of them leaves room under t - 2s
+    that only small samples (F_s = 0) fill: the LP relaxation's duals on such steps weigh the
+    spike 1/2 and the small ones 0, as F_s / 2(t - s) does. Over the sizes at once, by binary
+    searches into the sizes' running counts and totals."""
+    values = items.values  # descending
+    s = values[(3 * values > t) & (2 * values <= t)]
+    count = np.concatenate(([0], items.cum_count))
+    total = np.concatenate(([0], items.cum_total))
+
+    def at_least(a: np.ndarray) -> np.ndarray:  # how many distinct sizes are >= a
+        return np.searchsorted(-values, -a, side="right")
+
+    def above(a: np.ndarray) -> np.ndarray:  # how many distinct sizes are > a
+        return np.searchsorted(-values, -a, side="left")
+
+    large, top, small = at_least(s), above(t - s), above(t - 2 * s)
+    sums = (
+        total[small]
+        - total[large]
+        + (t - s) * (count[large] - count[top])
+        + total[top]
+        + (t - 2 * s) * count[top]
+    )
+    return sums, 2 * (t - s)
+
+
 def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     """Martello and Toth's L2: no packing of `sizes` (each <= cap) into bins of `cap` uses
     fewer bins. 0 for no items.
@@ -184,7 +232,9 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     at most k items over cap/(k+1), so ⌈(items over cap/(k+1)) / k⌉ bins are needed for every
     k (exact for equal items, where L2 is not: seven items of 0.34 × cap need 4 bins, L2 says 3),
     and Fekete and Schepers' dual feasible functions (truncated reasoning steps: 1,481 -> 1,543
-    bins on one of 4,161 samples, which first-fit decreasing packs in 1,586).
+    bins on one of 4,161 samples, which first-fit decreasing packs in 1,586), and the pairs'
+    functions F_s of `_pair_sums` (8,192 truncated samples with a spike at 0.354 × cap: 2,461
+    -> 2,516 bins, where the LP relaxation proves at least 2,509).
     """
     w = sort_values(sizes)
     if w.size == 0:
@@ -206,6 +256,12 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     desc = w[::-1]
     # A bin holds at most k items over cap/(k+1), k = ⌊cap / size⌋ for the j+1 largest items.
     per_bin = -(-np.arange(1, w.size + 1) // (cap // desc))
-    # A bin's u_k-sum is at most 1 (`_dual_feasible` at t = cap): as many bins as the items'.
-    dual = -(-_dual_sums(_Items.of(desc), cap) // (DUAL_ORDERS * cap))
-    return int(max((big.size + extra).max(), per_bin.max(), dual.max(initial=0)))
+    # A bin's u_k-sum is at most 1 (`_dual_feasible` at t = cap): as many bins as the items';
+    # likewise a bin's F_s-sum is at most 2(cap - s) (`_pair_sums`).
+    items = _Items.of(desc)
+    dual = -(-_dual_sums(items, cap) // (DUAL_ORDERS * cap))
+    sums, limits = _pair_sums(items, cap)
+    pairs = -(-sums // limits)
+    return int(
+        max((big.size + extra).max(), per_bin.max(), dual.max(initial=0), pairs.max(initial=0))
+    )

@@ -42,6 +42,11 @@ from slime_hydra.partition.greedy import first_fit_decreasing
         # the 39 and both 38s 4/8 each (9·38/85 > 4), the 21 and the 20 2/8, the 10 1/8:
         # 17/8 > 2 parts. At 86 a 38 counts 3/8: 86, which {38, 38, 10}, {39, 21, 20} reach.
         ([39, 38, 38, 21, 20, 10], 2, 86),
+        # Mean 16, where every test above passes. Two of the three 7s share a part (over T/3,
+        # at most two a part), whose room under 16 is 2: only the 1 joins them, and the other
+        # part holds 7 + 4 + 3 + 3 = 17. The pairs' F_7 at 16 counts each 7 as 9 and the 4
+        # and 3s as their size: 37 > 2 parts × 18.
+        ([7, 7, 7, 4, 3, 3, 1], 2, 17),
     ],
 )
 def test_hand_computed_bounds(weights, parts, bound):
@@ -118,6 +123,11 @@ def _fewest_bins(sizes: list[int], cap: int) -> int:
         # ⌈20 / 10⌉ = 2 and L2 no more; Fekete and Schepers' u_4 counts the 7 3/4 and the 5
         # 2/4 (5·x not whole), the 4 and the 2s their size (5·x whole): 2.05 > 2, so 3.
         ([7, 5, 4, 2, 2], 10, 3),
+        # ⌈39 / 20⌉ = 2 and every bound above says 2; but two of 9, 9, 8 (each over 20/3)
+        # share a bin, leaving at most 4, too little for the 7 or the 6, and the third bin's
+        # 12 beside the 8 holds one of them: 3. F_8 counts the 9s and the 8 12 each, the 7
+        # and the 6 their size: 49 > 2 bins × 24.
+        ([9, 9, 8, 7, 6], 20, 3),
     ],
 )
 def test_hand_computed_bin_bounds(sizes, cap, bins):
@@ -134,6 +144,25 @@ def test_the_bin_bound_refuses_items_over_the_cap():
 def test_the_bin_bound_is_between_the_plain_bound_and_the_brute_force_optimum(sizes, cap):
     plain = max(-(-sum(sizes) // cap), sum(1 for w in sizes if 2 * w > cap))
     assert plain <= min_bins_lower_bound(sizes, cap) <= _fewest_bins(sizes, cap)
+
+
+_spiked = st.tuples(
+    st.integers(26, 50),  # a spike of samples around cap/3 (cap 100)
+    st.integers(2, 6),
+    st.lists(st.integers(1, 66), max_size=3),
+).map(lambda t: [t[0]] * t[1] + t[2])
+
+
+@settings(max_examples=300, deadline=None)
+@given(_spiked)
+def test_on_a_spike_over_a_third_the_bin_bound_stays_below_the_optimum(sizes):
+    assert min_bins_lower_bound(sizes, 100) <= _fewest_bins(sizes, 100)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_spiked, st.integers(2, 3))
+def test_on_a_spike_over_a_third_the_part_bound_stays_below_the_optimum(sizes, parts):
+    assert max_part_lower_bound(sizes, parts) <= _optimum(sizes, parts)
 
 
 @settings(max_examples=100, deadline=None)
