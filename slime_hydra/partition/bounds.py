@@ -163,15 +163,25 @@ def _dual_feasible(items: _Items, parts: int, t: int) -> bool:
     return bool((_dual_sums(items, t) <= parts * DUAL_ORDERS * t).all())
 
 
+_ORDER = np.repeat(DUAL_ORDERS, DUAL_ORDERS + 1)  # k, once for each j = 1..k+1 of `_STEP`
+_STEP = np.concatenate([np.arange(1, k + 2) for k in DUAL_ORDERS])
+_FIRST = np.concatenate(([0], np.cumsum(DUAL_ORDERS + 1)[:-1]))  # where each k's j start
+
+
 def _dual_sums(items: _Items, t: int) -> np.ndarray:
     """For each k of DUAL_ORDERS, the items' u_k-sum (see `_dual_feasible`) scaled by k·t to an
-    integer."""
-    values, counts = items.values, items.counts
-    k = DUAL_ORDERS[:, None]
-    q = (k + 1) * values[None, :]
-    whole = q // t
-    exact = whole * t == q  # u_k = x there: k·v in place of ⌊(k+1)·v / t⌋·t = (k+1)·v
-    return whole @ counts * t - (exact * values[None, :]) @ counts
+    integer: t·⌊(k+1)·v / t⌋ for each item of size v, less v where (k+1)·v is a multiple of t
+    (u_k = x there: k·v in place of (k+1)·v). ⌊(k+1)·v / t⌋ counts the j in 1..k+1 with
+    v >= j·t / (k+1), so the items' total of it is, over those thresholds, how many items are
+    at or over each: 150 binary searches into the sizes, not a pass over them per k."""
+    values = items.values  # descending
+    count = np.concatenate(([0], items.cum_count))
+    share = _STEP * t
+    low = -(-share // (_ORDER + 1))  # the least size at or over the threshold j·t / (k+1)
+    over = count[np.searchsorted(-values, -low, side="right")]
+    at = over - count[np.searchsorted(-values, -low, side="left")]  # items of size `low`
+    exact = share % (_ORDER + 1) == 0
+    return np.add.reduceat(over * t - np.where(exact, low * at, 0), _FIRST)
 
 
 def _pairs_fit(items: _Items, parts: int, t: int) -> bool:
