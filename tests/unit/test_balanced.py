@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
+from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
 from tests.families import FAMILIES, ISOLATE, lengths_of
 
@@ -394,3 +395,15 @@ def test_first_fit_decreasings_packing_cut_to_the_bound_is_repaired_where_larges
     assert bins == 3 and max(_loads(bin_of, s, 3)) <= 20
     # Checked, then repaired in the count search: one packing (at 1M samples, 90 ms each).
     assert built == [3]
+
+
+def test_the_heaviest_bin_widens_its_search_until_it_meets_the_bin_that_takes_from_it():
+    # {6, 6, 6} = 18 over a goal of 17; forty bins {8, 8} (16) cannot take from it (a move
+    # shifts 6 > the gap of 2, a swap of 6 for 8 shifts -2), only the last bin, {5, 11}, can:
+    # 6 for 5 leaves 17 and 17. Four partners a pass would need ten passes to meet it; doubling
+    # them after each pass in vain meets it in the fourth, within six passes' work.
+    w = np.array([6, 6, 6] + [8] * 80 + [5, 11])
+    bin_of = np.array([0, 0, 0] + [1 + i // 2 for i in range(80)] + [41, 41])
+    work = Work(6 * PASS_OVERHEAD + 600)
+    assert improve(bin_of, w, w, 42, 100, 17, work)
+    assert max(_loads(bin_of, w, 42)) == 17
