@@ -3,12 +3,13 @@
 `construct` is O(n log n) numpy: items heaviest first, one per bin in the first round (no bin
 stays empty), then rounds of B items dealt heaviest to the lightest bin while a round can still
 close the spread between bins (all but the last LPT_TAIL of many such rounds in snake order, at
-once); then items of medium weight fill each bin's room below the water
-level by largest fit (those that fit no room first, to the lightest bins; where what is left
-would lift a bin above the level, the rooms are measured up to the proven bound on the heaviest
-bin instead), and the light ones (at most `tolerance`/2 of the level each) are poured by prefix
-sums, each bin ending within half an item of the level. What fits nowhere is dealt in rounds to
-the lightest bins.
+once; where the rounds deal every item, the bins of the short last round may instead take the
+smallest items in rounds of their own, `_by_count`); then items of medium weight fill each
+bin's room below the water level by largest fit (those that fit no room first, to the lightest
+bins; where what is left would lift a bin above the level, the rooms are measured up to the
+proven bound on the heaviest bin instead), and the light ones (at most `tolerance`/2 of the
+level each) are poured by prefix sums, each bin ending within half an item of the level. What
+fits nowhere is dealt in rounds to the lightest bins.
 
 `improve` is anytime: each pass pairs the bins above the goal, heaviest first, with the
 lightest bins and applies, to every pair at once, the move or swap of one item whose shift
@@ -70,8 +71,8 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
     while start < n and w[start] > load.max() - load.min():
         _deal(order[start : start + bins], w[start : start + bins], bin_of, load)
         start += bins
-    if start == n:
-        return bin_of
+    if start >= n:  # the last round may be short
+        return _by_count(order, w, bin_of, load)
     level = _level(load, int(w[start:].sum()))
     poured = max(start, int(np.searchsorted(-w, -(tolerance / 2) * level, side="left")))
     if poured > start:  # items that pouring would leave a bin too far off the level
@@ -81,6 +82,29 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
         left = poured + np.flatnonzero(_pour(order[poured:], w[poured:], bin_of, load))
         _deal_rounds(order[left], w[left], bin_of, load)
     return bin_of
+
+
+def _by_count(order: np.ndarray, w: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> np.ndarray:
+    """Where rounds dealt every item (`bin_of`, bins at `load`) and n is not a multiple of B,
+    the n mod B bins that hold one item more: given the smallest items, in rounds of their own
+    apart from the other bins', they can end lighter than whole rounds leave them, as samples of
+    nearly one size do (2,294-2,948 tokens, 2.3 a micro-batch: the heaviest 1.057 of the proven
+    bound by rounds, 1.006 so). Returns the one of the two whose heaviest bin is lighter."""
+    n, bins = w.size, load.size
+    per_bin, more = divmod(n, bins)
+    if more == 0:
+        return bin_of
+    few = (bins - more) * per_bin  # the largest items, per_bin to each of bins - more bins
+    place = np.empty(n, dtype=np.int64)  # by position in `w`
+    heavy, light = np.zeros(bins - more, dtype=np.int64), np.zeros(more, dtype=np.int64)
+    _deal_rounds(np.arange(few), w[:few], place, heavy)
+    _deal_rounds(np.arange(few, n), w[few:], place, light)
+    if max(int(heavy.max()), int(light.max())) >= int(load.max()):
+        return bin_of
+    place[few:] += bins - more
+    by_count = np.empty(n, dtype=np.int64)
+    by_count[order] = place
+    return by_count
 
 
 LPT_TAIL = 8

@@ -135,13 +135,24 @@ def test_the_packer_refuses_what_fits_no_way_and_the_lpt_overflow_it_repairs():
     # Three 6s leave rooms of 4: the 5 fits nowhere, and first-fit decreasing needs 4 bins.
     s = np.array([6, 6, 6, 5])
     assert packer(s, s, [3], 10, Work(10**6)) is None
-    # LPT ends at 9 and 11; fitting by rounds gives {6, 3} and {4, 4, 3} (11), and one swap
-    # of a 4 for the 3 repairs it: {6, 4} and {4, 3, 3}.
-    s = np.array([6, 4, 4, 3, 3])
-    assert max(_loads(construct(s, 2, 0.01), s, 2)) == 11
+    # LPT ends at {6, 3, 2} = 11 and {4, 3, 2} = 9, and one swap of a 3 for a 2 repairs it:
+    # {6, 2, 2} and {4, 3, 3}.
+    s = np.array([6, 4, 3, 3, 2, 2])
+    assert sorted(_loads(construct(s, 2, 0.01), s, 2)) == [9, 11]
     assert packer(s, s, [2], 10, Work(10**6))[0] == 2
     _, bin_of = packer(s, s, [2], 10, Work(10**6))
     assert sorted(_loads(bin_of, s, 2)) == [10, 10]
+
+
+def test_the_bins_that_hold_one_item_more_take_the_smallest():
+    # Seven items in 3 bins: rounds of three end at 19, 19, 19 and the 8 makes one 27. Given
+    # one bin's three items apart, the smallest (9 + 9 + 8 = 26, the least any three weigh),
+    # and the largest two each to the others: 20, 19 and 26.
+    s = np.array([10, 10, 10, 9, 9, 9, 8])
+    assert sorted(_loads(construct(s, 3, 0.01), s, 3)) == [19, 20, 26]
+    # Where B divides n, every bin holds as many: the rounds as they are.
+    s = np.array([10, 10, 9, 9, 8, 8])
+    assert sorted(_loads(construct(s, 3, 0.01), s, 3)) == [18, 18, 18]
 
 
 def test_the_best_exchange_lands_nearest_half_the_gap():
