@@ -46,12 +46,14 @@ from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
 from slime_hydra.partition.repair import repair
 
 PARTNERS = 4
-"""Light bins each heavy bin tries per pass (while the pool has that many per heavy bin),
-doubled after each pass in which the heaviest bin found no exchange (so it meets every bin
-in O(log) passes, not one pass per PARTNERS bins: where the lightest bins cannot take from
-it, e.g. micro-batches of two large samples beside three-sample ones, 12 fresh draws of
+"""Light bins each heavy bin tries per pass (while the pool has that many per heavy bin); in
+balancing, doubled after each pass in which the heaviest bin found no exchange (so it meets
+every bin in O(log) passes, not one pass per PARTNERS bins: where the lightest bins cannot take
+from it, e.g. micro-batches of two large samples beside three-sample ones, 12 fresh draws of
 truncated 2k on dp4 took 8.1 -> 6.9 ms a step, the third family's worst 1.0111 -> 1.0063 of
-its bound). On bench_planner's 48 cases of seed 11 the worst largest micro-batch over its
+its bound). Not in a repair: wider passes cost more for the same gain, and `_hopeless`, which
+reads that rate, gave up on a count the repair packs (16k GRPO samples on dp64, 99.8% full).
+On bench_planner's 48 cases of seed 11 the worst largest micro-batch over its
 bound was 1.071 with 1 partner, 1.051 with 4 and 1.087 with 8 (the partners of the heaviest
 bin spread wider)."""
 
@@ -89,10 +91,13 @@ def _by_count(order: np.ndarray, w: np.ndarray, bin_of: np.ndarray, load: np.nda
     the n mod B bins that hold one item more: given the smallest items, in rounds of their own
     apart from the other bins', they can end lighter than whole rounds leave them, as samples of
     nearly one size do (2,294-2,948 tokens, 2.3 a micro-batch: the heaviest 1.057 of the proven
-    bound by rounds, 1.006 so). Returns the one of the two whose heaviest bin is lighter."""
+    bound by rounds, 1.006 so). Returns the one of the two whose heaviest bin is lighter. Only
+    for bins of at most LPT_TAIL items: beyond, one item more is a small share of a bin, and
+    these rounds, one at a time, would cost a sort each (short samples on 2 bins: 2.7x the
+    plan)."""
     n, bins = w.size, load.size
     per_bin, more = divmod(n, bins)
-    if more == 0:
+    if more == 0 or per_bin > LPT_TAIL:
         return bin_of
     few = (bins - more) * per_bin  # the largest items, per_bin to each of bins - more bins
     place = np.empty(n, dtype=np.int64)  # by position in `w`
@@ -425,8 +430,9 @@ def _passes(
                 return False
         if top_moved:
             stalled = stalls = 0
-        else:  # the heaviest bin found no exchange: it tries twice as many of the next bins
-            stalls += 1
+        else:  # the heaviest bin found no exchange: it tries the next bins, in balancing
+            # twice as many each time (a repair keeps its pace: `_hopeless` reads its rate)
+            stalls += not repair
             stalled += m * tries
             rotation += m * tries
             if stalled >= pool.size:
