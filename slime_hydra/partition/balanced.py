@@ -632,18 +632,30 @@ class BalancedPacker:
         def packed(start: np.ndarray, at: int, work: Work) -> np.ndarray | None:
             return start if improve(start, sizes, weights, counts[at], cap, cap, work) else None
 
-        bin_of = packed(built(0), 0, Work(0))
-        if bin_of is None:
-            bin_of = packed(fitted(0), 0, Work(0))
+        def full(at: int) -> bool:
+            return self._full(sizes, weights, counts[at], cap)
+
+        def ffd_at(at: int) -> np.ndarray:  # FFD's packing, where it needs at most counts[at]
+            bin_of = ffd.copy()
+            fill_empty(bin_of, weights, counts[at])
+            return bin_of
+
+        ffd = first_fit_decreasing(sizes, cap) if full(0) else None
+        if ffd is not None and int(ffd.max()) < counts[0]:
+            bin_of = ffd_at(0)
+        else:
+            bin_of = None if full(0) else packed(built(0), 0, Work(0))
+            if bin_of is None:
+                bin_of = packed(fitted(0), 0, Work(0))
         at = 0
         if bin_of is None:
-            ffd = first_fit_decreasing(sizes, cap)
+            ffd = first_fit_decreasing(sizes, cap) if ffd is None else ffd
             fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
             lo, hi = 0, fits
             repairs = Work(self.budget + self.count_budget_per_sample * len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
-                got = None if mid == 0 else packed(built(mid), mid, Work(0))
+                got = None if mid == 0 or full(mid) else packed(built(mid), mid, Work(0))
                 if got is None:
                     got = packed(fitted(mid), mid, repairs)
                 if got is None:  # FFD's bins are full: paired exchanges find no room there
@@ -657,14 +669,14 @@ class BalancedPacker:
             if bin_of is None:  # FFD's own count: the constructions, else FFD's packing
                 if at == len(counts) or len(sizes) < counts[at]:
                     return None
-                # The construction's repair gets the step's budget alone: at 1M samples the
-                # repairs' per-sample budget took 2-3 s, FFD's packing then balanced ~1 s.
-                bin_of = packed(built(at), at, Work(self.budget))
+                if not full(at):
+                    # The construction's repair gets the step's budget alone: at 1M samples the
+                    # repairs' per-sample budget took 2-3 s, FFD's packing then balanced ~1 s.
+                    bin_of = packed(built(at), at, Work(self.budget))
+                    if bin_of is None:
+                        bin_of = packed(fitted(at), at, Work(0))
                 if bin_of is None:
-                    bin_of = packed(fitted(at), at, Work(0))
-                if bin_of is None:
-                    bin_of = ffd.copy()
-                    fill_empty(bin_of, weights, counts[at])
+                    bin_of = ffd_at(at)
         bins = counts[at]
         goal = self._goal(weights, bin_of, bins)
         half = Work(work.spent + (work.budget - work.spent) // 2, work.spent)
@@ -678,6 +690,19 @@ class BalancedPacker:
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
         return bins, bin_of
+
+    def _full(self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int) -> bool:
+        """Whether every packing of `bins` bins within `cap` is balanced enough: balancing by
+        tokens, where the mean bin (or the largest item) is within half the tolerance of the
+        cap, the goal `_goal` sets is at or above the cap. There first-fit decreasing, cap-safe
+        by construction, is the plan wherever it needs no more bins, and the balanced
+        construction, which balances toward a level above the cap, is not built: on a 1M-sample
+        step 99.5% full it left 111,297 of 520,192 bins over the cap, and of 17 such steps
+        where FFD needed more bins it was within the cap on none."""
+        if not np.array_equal(weights, sizes):
+            return False
+        slack = 1 + self.tolerance / 2
+        return slack * max(int(sizes.max()), int(sizes.sum()) / bins) >= cap
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,

@@ -43,6 +43,8 @@ def split_steps(
             "set batching.global_batch_size to a divisor of the rollout size so no sample is "
             "dropped."
         )
+    if gbs == n:  # one step holds every group
+        return [list(range(n))]
     _, first, inverse, sizes = np.unique(
         groups, return_index=True, return_inverse=True, return_counts=True
     )

@@ -122,6 +122,38 @@ def test_where_ffd_packs_the_count_the_plan_starts_from_the_construction_repaire
     assert loads.min() >= 0.9 * s.sum() / 281
 
 
+def test_a_step_whose_mean_bin_is_within_half_the_tolerance_of_the_cap_is_full():
+    # tolerance 0.01: balancing stops at 1.005 x the mean, which reaches a cap of 1,000 from a
+    # mean of 995.03 up: 995 is not full, 995.5 is; by FLOPs the goal is not in tokens.
+    packer = BalancedPacker(tolerance=0.01)
+    s = np.array([995, 995])
+    assert not packer._full(s, s, 2, 1000)
+    s = np.array([996, 995])
+    assert packer._full(s, s, 2, 1000)
+    assert not packer._full(s, s * s, 2, 1000)
+    # The largest item sets the goal too: 998 alone in a bin of 1,000 beside a 2.
+    s = np.array([998, 2])
+    assert packer._full(s, s, 2, 1000)
+
+
+def test_a_full_step_is_first_fit_decreasings_packing_without_the_construction(monkeypatch):
+    # 8, 6, 4, 3, 3 fill 2 bins of 12 exactly: the construction's rounds give {8, 3} = 11
+    # and {6, 4, 3} = 13, over the cap; FFD packs {8, 4} and {6, 3, 3}, the plan as it is.
+    built = []
+
+    def counted(weights, bins, tolerance):
+        built.append(bins)
+        return construct(weights, bins, tolerance)
+
+    s = np.array([8, 3, 6, 4, 3])
+    assert sorted(_loads(construct(s, 2, 0.01), s, 2)) == [11, 13]
+    monkeypatch.setattr(balanced, "construct", counted)
+    found = BalancedPacker()(s, s, [2], 12, Work(100_000))
+    assert found is not None and found[0] == 2
+    assert sorted(np.flatnonzero(found[1] == b).tolist() for b in range(2)) == [[0, 3], [1, 2, 4]]
+    assert built == []
+
+
 def test_fit_rounds_gives_each_bin_the_largest_item_that_fits():
     # 7, 6 and 5 open the bins (room 3, 4, 5); the roomiest (5) takes the 4, the next (4)
     # the 3, and the 7's bin nothing: 7, 9, 9, all within 10.
