@@ -32,7 +32,7 @@ import numpy as np
 
 from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
-from slime_hydra.partition.deal import ascending, descending
+from slime_hydra.partition.deal import ascending, count_at_most, descending
 from slime_hydra.partition.exchange import (
     Exchanges,
     apply_exchanges,
@@ -244,13 +244,16 @@ def largest_fit(vals: np.ndarray, room: np.ndarray) -> np.ndarray:
     """The bin of each item (`vals` ascending) or -1, bins filling their `room` (updated in
     place) in rounds: every bin, roomiest first, takes the largest item left that fits and that
     no roomier bin took (a running minimum over binary searches); first-fit decreasing's rule,
-    all bins at once. Stops when no item left fits any room."""
+    all bins at once. A bin that the smallest item left does not fit is done (items only
+    leave). Stops when no item left fits any room."""
     got = np.full(vals.size, -1, dtype=np.int64)
     left = np.arange(vals.size)
-    step = np.arange(room.size)
+    open_bins = np.arange(room.size)
     while left.size:
-        by_room = ascending(-room)
-        want = np.searchsorted(vals[left], room[by_room], side="right") - 1
+        open_bins = open_bins[room[open_bins] >= vals[left[0]]]
+        by_room = open_bins[ascending(-room[open_bins])]
+        step = np.arange(by_room.size)
+        want = count_at_most(vals[left], room[by_room]) - 1
         pick = np.minimum.accumulate(want + step) - step
         fits = pick >= 0
         if not fits.any():
@@ -693,16 +696,17 @@ class BalancedPacker:
 
     def _full(self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int) -> bool:
         """Whether every packing of `bins` bins within `cap` is balanced enough: balancing by
-        tokens, where the mean bin (or the largest item) is within half the tolerance of the
-        cap, the goal `_goal` sets is at or above the cap. There first-fit decreasing, cap-safe
-        by construction, is the plan wherever it needs no more bins, and the balanced
-        construction, which balances toward a level above the cap, is not built: on a 1M-sample
-        step 99.5% full it left 111,297 of 520,192 bins over the cap, and of 17 such steps
-        where FFD needed more bins it was within the cap on none."""
+        tokens, where the mean bin is within half the tolerance of the cap. Then the goal
+        `_goal` sets is at or above the cap, and no rank of K bins within the cap holds more
+        than K·cap <= (1 + tolerance/2)·K·mean, its share of the step and half the tolerance.
+        There first-fit decreasing, cap-safe by construction, is the plan wherever it needs
+        no more bins, and the balanced construction, which balances toward a level above the
+        cap, is not built: on 17 such steps where FFD needed more bins it was within the cap
+        on none. (A largest item near the cap also lifts the goal to it, but no rank bound
+        follows: Pareto steps of 2,639 samples on dp16 ended 5.2% apart by rank that way.)"""
         if not np.array_equal(weights, sizes):
             return False
-        slack = 1 + self.tolerance / 2
-        return slack * max(int(sizes.max()), int(sizes.sum()) / bins) >= cap
+        return (1 + self.tolerance / 2) * int(sizes.sum()) / bins >= cap
 
     def _goal(self, weights: np.ndarray, bin_of: np.ndarray, bins: int) -> float:
         """Where balancing stops: within half the tolerance of the mean and the heaviest item,

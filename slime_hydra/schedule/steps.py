@@ -20,8 +20,10 @@ def split_steps(
     first appearance, fill steps of `global_batch_size` samples. Either way no group
     straddles two steps. O(n log n) with numpy.
     """
+    n = len(group_ids)
+    if step_ids is None and global_batch_size in (None, n):  # one step holds every group
+        return [list(range(n))]
     groups = np.asarray(group_ids, dtype=np.int64)
-    n = groups.size
     if step_ids is not None:
         steps = np.asarray(step_ids, dtype=np.int64)
         _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
@@ -43,8 +45,6 @@ def split_steps(
             "set batching.global_batch_size to a divisor of the rollout size so no sample is "
             "dropped."
         )
-    if gbs == n:  # one step holds every group
-        return [list(range(n))]
     _, first, inverse, sizes = np.unique(
         groups, return_index=True, return_inverse=True, return_counts=True
     )

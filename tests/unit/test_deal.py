@@ -6,13 +6,39 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition.deal import ascending, descending, sort_values, split_even
+from slime_hydra.partition.deal import (
+    ascending,
+    count_at_most,
+    descending,
+    sort_values,
+    split_even,
+)
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def test_descending_breaks_ties_by_index():
     assert descending(np.array([3, 5, 3, 5, 1])).tolist() == [1, 3, 0, 2, 4]
+
+
+def test_count_at_most_counts_the_values_at_or_below_each_key():
+    # 3, 5, 5, 9 (a span of 6, by the table where there are 6 keys or more): below the
+    # smallest 0, at a repeated value both, above the largest all.
+    values = np.array([3, 5, 5, 9])
+    keys = np.array([2, 3, 4, 5, 8, 9, 40])
+    assert count_at_most(values, keys).tolist() == [0, 1, 1, 3, 3, 4, 4]
+    assert count_at_most(values, keys[:2]).tolist() == [0, 1]  # searchsorted: 2 keys < span
+    assert count_at_most(np.zeros(0, dtype=np.int64), keys[:2]).tolist() == [0, 0]
+
+
+@PROPERTY
+@given(
+    st.lists(st.integers(-50, 200), max_size=60),
+    st.lists(st.integers(-100, 300), min_size=1, max_size=300),
+)
+def test_count_at_most_is_searchsorteds_right_side(values, keys):
+    v, k = np.sort(np.array(values, dtype=np.int64)), np.array(keys, dtype=np.int64)
+    assert count_at_most(v, k).tolist() == np.searchsorted(v, k, side="right").tolist()
 
 
 def test_ascending_breaks_ties_by_index_across_the_radix_span():
