@@ -12,6 +12,7 @@ from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
 from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
+from slime_hydra.partition.repair import repair
 from tests.families import FAMILIES, ISOLATE, lengths_of
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -430,14 +431,23 @@ def test_first_fit_decreasings_packing_cut_to_the_bound_is_repaired_where_larges
         built.append(bins)
         return fit_rounds(sizes, bins, cap)
 
+    repaired = []
+
+    def whole_step(bin_of, sizes, bins, cap, work):
+        repaired.append(sorted(_loads(bin_of, sizes, bins)))
+        return repair(bin_of, sizes, bins, cap, work)
+
     monkeypatch.setattr(balanced, "fit_rounds", counted)
+    monkeypatch.setattr(balanced, "repair", whole_step)
     s = np.array([10, 9, 9, 8, 7, 6, 6, 4])
     found = BalancedPacker()(s, s, [3], 20, Work(100_000))
     assert found is not None
     bins, bin_of = found
     assert bins == 3 and max(_loads(bin_of, s, 3)) <= 20
-    # Checked, then repaired in the count search: one packing (at 1M samples, 90 ms each).
+    # Largest fit is built once, to be checked (at 1M samples, 90 ms each); the cut is
+    # repaired first and packs, so largest fit is never repaired.
     assert built == [3]
+    assert repaired == [[19, 19, 21]]
 
 
 def test_the_heaviest_bin_widens_its_search_until_it_meets_the_bin_that_takes_from_it():

@@ -26,7 +26,19 @@ def test_the_exchange_that_ends_the_excess_leaves_the_light_bin_fullest():
     work = Work(10**6)
     assert repair(bin_of, sizes, 3, 10, work)
     assert bin_of.tolist() == [1, 0, 0, 1, 2]
-    assert work.spent == pass_visits(2, 5) + PASS_OVERHEAD  # one pass, over the 2 heavy items
+    # One pass: the 5 items and 3 bins searched, the 2 heavy items' candidates.
+    assert work.spent == pass_visits(2, 5 + 3) + PASS_OVERHEAD
+
+
+def test_a_bin_at_the_cap_is_not_searched_and_not_charged():
+    # The case above beside {7, 3}, exactly at the cap of 10: it can neither give nor take,
+    # so the pass is the same and is charged for the 5 other items and 3 other bins.
+    sizes = np.array([6, 5, 5, 4, 1, 7, 3])
+    bin_of = np.array([0, 0, 1, 1, 2, 3, 3])
+    work = Work(10**6)
+    assert repair(bin_of, sizes, 4, 10, work)
+    assert bin_of.tolist() == [1, 0, 0, 1, 2, 3, 3]
+    assert work.spent == pass_visits(2, 5 + 3) + PASS_OVERHEAD
 
 
 def test_a_heavy_bin_whose_light_bin_was_taken_chooses_again_in_the_same_pass():
@@ -37,7 +49,7 @@ def test_a_heavy_bin_whose_light_bin_was_taken_chooses_again_in_the_same_pass():
     work = Work(10**6)
     assert repair(bin_of, sizes, 4, 10, work)
     assert bin_of.tolist() == [2, 0, 3, 1, 0, 2, 3]
-    assert work.spent == pass_visits(4, 7) + PASS_OVERHEAD  # one pass
+    assert work.spent == pass_visits(4, 7 + 4) + PASS_OVERHEAD  # one pass
 
 
 def test_a_bin_with_no_room_anywhere_is_left_as_it_is():
