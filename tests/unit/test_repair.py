@@ -4,6 +4,7 @@ count search needs it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,27 +18,18 @@ from tests.families import lengths_of
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def test_the_exchange_that_ends_the_excess_leaves_the_light_bin_fullest():
+@pytest.mark.parametrize("at_cap", [[], [7, 3]])
+def test_the_exchange_that_ends_the_excess_leaves_the_light_bin_fullest(at_cap):
     # Cap 10: {6, 5} is 1 over; {5, 4} has room 1, {1} room 9. Moving the 6 or the 5 to {1},
     # or swapping the 6 for the 5 or the 5 for the 4, each ends the excess; the swaps fill
-    # {5, 4} to 10 (best fit), and of the two the lower item (the 6) goes first.
-    sizes = np.array([6, 5, 5, 4, 1])
-    bin_of = np.array([0, 0, 1, 1, 2])
+    # {5, 4} to 10 (best fit), and of the two the lower item (the 6) goes first. A bin {7, 3}
+    # beside, exactly at the cap, neither gives nor takes: the same pass, the same charge.
+    sizes = np.array([6, 5, 5, 4, 1, *at_cap])
+    bin_of = np.array([0, 0, 1, 1, 2] + [3] * len(at_cap))
     work = Work(10**6)
-    assert repair(bin_of, sizes, 3, 10, work)
-    assert bin_of.tolist() == [1, 0, 0, 1, 2]
+    assert repair(bin_of, sizes, 3 + bool(at_cap), 10, work)
+    assert bin_of.tolist() == [1, 0, 0, 1, 2] + [3] * len(at_cap)
     # One pass: the 5 items and 3 bins searched, the 2 heavy items' candidates.
-    assert work.spent == pass_visits(2, 5 + 3) + PASS_OVERHEAD
-
-
-def test_a_bin_at_the_cap_is_not_searched_and_not_charged():
-    # The case above beside {7, 3}, exactly at the cap of 10: it can neither give nor take,
-    # so the pass is the same and is charged for the 5 other items and 3 other bins.
-    sizes = np.array([6, 5, 5, 4, 1, 7, 3])
-    bin_of = np.array([0, 0, 1, 1, 2, 3, 3])
-    work = Work(10**6)
-    assert repair(bin_of, sizes, 4, 10, work)
-    assert bin_of.tolist() == [1, 0, 0, 1, 2, 3, 3]
     assert work.spent == pass_visits(2, 5 + 3) + PASS_OVERHEAD
 
 
