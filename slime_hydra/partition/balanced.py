@@ -51,8 +51,10 @@ balancing, doubled after each pass in which the heaviest bin found no exchange (
 every bin in O(log) passes, not one pass per PARTNERS bins: where the lightest bins cannot take
 from it, e.g. micro-batches of two large samples beside three-sample ones, 12 fresh draws of
 truncated 2k on dp4 took 8.1 -> 6.9 ms a step, the third family's worst 1.0111 -> 1.0063 of
-its bound). Not in a repair: wider passes cost more for the same gain, and `_hopeless`, which
-reads that rate, gave up on a count the repair packs (16k GRPO samples on dp64, 99.8% full).
+its bound). In a repair only after a pass with no exchange at all: wider passes cost more for
+the same gain, and `_hopeless`, which reads that rate, gave up on a count the repair packs (16k
+GRPO samples on dp64, 99.8% full); a pass in vain has no rate, and four partners a pass spent
+a count search's budget (truncated 2k on dp4: 10.6 -> 6.3 ms a step, the same count).
 On bench_planner's 48 cases of seed 11 the worst largest micro-batch over its
 bound was 1.071 with 1 partner, 1.051 with 4 and 1.087 with 8 (the partners of the heaviest
 bin spread wider)."""
@@ -434,8 +436,9 @@ def _passes(
         if top_moved:
             stalled = stalls = 0
         else:  # the heaviest bin found no exchange: it tries the next bins, in balancing
-            # twice as many each time (a repair keeps its pace: `_hopeless` reads its rate)
-            stalls += not repair
+            # twice as many each time; a repair only after a pass with no exchange at all
+            # (otherwise it keeps its pace: `_hopeless` reads its rate)
+            stalls += not repair or ex.give.size == 0
             stalled += m * tries
             rotation += m * tries
             if stalled >= pool.size:
