@@ -51,6 +51,19 @@ def test_a_bin_with_no_room_anywhere_is_left_as_it_is():
     assert bin_of.tolist() == [0, 0, 1]
 
 
+def test_a_second_pass_sees_where_the_first_moved_the_items():
+    # Cap 12: {10, 9} is 7 over, {6} has room 6. The first pass swaps the 10 for the 6 (a shift
+    # of 4 ends 4 of the excess and fills {10} to 10, where moving the 9 would gain as much
+    # and leave 15). The second pass starts from {9, 6}, 3 over, beside {10}: nothing lowers
+    # it (25 tokens do not fit 24), so the repair fails with the swap made, the 6 in bin 1.
+    sizes = np.array([10, 9, 6])
+    bin_of = np.array([1, 1, 0])
+    work = Work(10**6)
+    assert not repair(bin_of, sizes, 2, 12, work)
+    assert bin_of.tolist() == [0, 1, 1]
+    assert work.spent == pass_visits(2, 3 + 2) + pass_visits(2, 3 + 2) + 2 * PASS_OVERHEAD
+
+
 def test_a_zero_budget_starts_no_pass_and_a_lone_item_over_the_cap_needs_none():
     sizes = np.array([6, 5, 1])
     bin_of = np.array([0, 0, 1])
