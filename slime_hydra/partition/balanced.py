@@ -610,9 +610,8 @@ class BalancedPacker:
         the cap (every size <= cap), as far as the constructions below find, and the bin of
         each item; None if none. The first count gets the balanced construction, or where it
         breaks the cap largest fit in rounds. Where both fail, first-fit decreasing's own count
-        is packable (it packs every count from its own up); the first count is tried again
-        with the repairs, and the counts between it and FFD's are bisected with the
-        constructions and the repairs (of FFD's packing cut to the count,
+        is packable (it packs every count from its own up) and the counts below it are
+        bisected with the constructions and the repairs (of FFD's packing cut to the count,
         whose bins are full, the whole-step repair of partition.repair, first within the
         step's `budget`; of largest fit: paired exchanges, then the whole-step repair; the
         cut's repair resumed), so a step tries O(log) counts, not every one up to it. The
@@ -662,10 +661,8 @@ class BalancedPacker:
             fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
             lo, hi = 0, fits
             repairs = Work(self.budget + self.count_budget_per_sample * len(sizes))
-            # The first count first: where all but a few steps pack; a failed try there may
-            # leave the bisection less of the repairs' budget.
-            mid = 0
             while lo < hi:
+                mid = (lo + hi) // 2
                 got = None if mid == 0 or full(mid) else packed(built(mid), mid, Work(0))
                 if got is None:
                     # FFD's bins are full (paired exchanges find no room there): its cut gets the
@@ -682,7 +679,6 @@ class BalancedPacker:
                     lo = mid + 1
                 else:
                     bin_of, hi = got, mid
-                mid = (lo + hi) // 2
             at = hi
             if bin_of is None:  # FFD's own count: the constructions, else FFD's packing
                 if at == len(counts) or len(sizes) < counts[at]:

@@ -11,9 +11,7 @@ from hypothesis import strategies as st
 from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.bounds import min_bins_lower_bound
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
-from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.repair import repair
 from tests.families import FAMILIES, ISOLATE, lengths_of
 
@@ -109,28 +107,6 @@ def test_counts_below_first_fit_decreasing_are_bisected_not_walked(monkeypatch):
     assert found is not None and found[0] == 300
     assert np.bincount(found[1]).tolist() == [2] * 300
     assert len(set(tried)) <= 10  # ⌈log2(200)⌉ + 2
-
-
-def test_the_count_search_tries_the_first_count_first(monkeypatch):
-    # 500 GRPO samples, 99.5% of 162 micro-batches of 4,096 (162: the proven bound), which
-    # first-fit decreasing packs in 167. Bisecting 162-166 built the construction at 164 and
-    # 163 and spent the repairs' shared budget there: 163. Tried first, 162 packs by the
-    # repair of largest fit, and no other count is built.
-    built = []
-
-    def counted(weights, bins, tolerance):
-        built.append(bins)
-        return construct(weights, bins, tolerance)
-
-    monkeypatch.setattr(balanced, "construct", counted)
-    s = lengths_of("grpo", np.random.default_rng(21), 500, 4096)
-    assert min_bins_lower_bound(s, 4096) == 162
-    assert int(first_fit_decreasing(s, 4096).max()) + 1 == 167
-    found = BalancedPacker()(s, s, range(162, 501), 4096, Work(100_000))
-    assert found is not None and found[0] == 162
-    loads = np.asarray(_loads(found[1], s, 162))
-    assert loads.max() <= 4096 and loads.min() > 0
-    assert built == []
 
 
 def test_where_ffd_packs_the_count_the_plan_starts_from_the_construction_repaired():
