@@ -3,7 +3,7 @@ seed each run (printed), worst cases reported; then the scale curve up to 1M sam
 
     python benchmarks/bench_planner.py                 # a fresh seed, 48 cases, the curve
     python benchmarks/bench_planner.py --seed 1234     # the same cases again
-    python benchmarks/bench_planner.py --cases 96 --no-curve --draws 0
+    python benchmarks/bench_planner.py --cases 96 --no-curve --draws 0 --near-full 120
 
 Each case draws a family (tests/families.py), 512-16k samples a step in 1-3 steps, a layout
 (dp 1-64, pp/vpp with a VPP group, cp 1-2) and a cap, and plans it with `batching=dynamic`
@@ -17,7 +17,10 @@ planner logs: K over `batch/num_microbatches_lb`, the largest micro-batch over
 counts those where the LP relaxation (count_lp.py) proves one count lower out of reach: there
 the bound, not the planner, is short, and K is the fewest. The seed sweep plans
 fixed cases (family, size, layout) on several draws each and reports the slowest draw against
-the median one. The exit status is 0 either way (the figures are the result).
+the median one. The near-full steps (`--near-full`) are where the count search runs: steps 97%
+full or more at K_lb, which the random cases draw rarely; the figure is the micro-batches above
+K_lb in all, with the count oracle's misses and the LP's proofs. The exit status is 0 either
+way (the figures are the result).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from slime_hydra.schedule import (
     step_metrics,
     violations,
 )
+from slime_hydra.schedule.metrics import microbatch_lower_bound
 from tests.families import FAMILIES, ISOLATE, lengths_of
 
 FLOPS = (1.0, 1 / 4096)  # any (a, b): only the flops imbalance metric reads it
@@ -297,6 +301,42 @@ def seed_sweep(seed: int, draws: int) -> None:
         )
 
 
+def near_full(seed: int, steps: int) -> None:
+    """Steps 97% full or more at K_lb, where the count search runs: GRPO and truncated lengths,
+    500-6k samples, dp 1-32, caps 8k-32k, drawn from the run's seed. The micro-batches above
+    K_lb in all, the steps above it, and of those the ones the count oracle packs one count
+    lower (the search's misses) and the ones the LP bound proves at their fewest."""
+    rng = np.random.default_rng([seed, 1])
+    above, over, lower, proven, times = 0, 0, 0, 0, []
+    drawn = 0
+    while drawn < steps:
+        family = ("grpo", "truncated")[drawn % 2]
+        n = int(np.exp(rng.uniform(np.log(500), np.log(6000))))
+        layout = ParallelLayout(dp=int(rng.choice([1, 2, 3, 4, 8, 16, 32])))
+        cap = int(rng.choice([8192, 16384, 32768]))
+        lengths = lengths_of(family, rng, n, cap)
+        k_lb = microbatch_lower_bound(lengths, cap, layout.dp, 1)
+        if k_lb * layout.dp > n or lengths.sum() < 0.97 * k_lb * layout.dp * cap:
+            continue
+        drawn += 1
+        start = time.process_time()
+        schedule = DynamicBatching(layout, None, cap).plan(lengths.tolist(), list(range(n)))
+        times.append((time.process_time() - start) * 1e3)
+        k = schedule.steps[0].num_microbatches
+        above += k - k_lb
+        if k > k_lb:
+            over += 1
+            why = below_k(schedule.steps[0], lengths.tolist(), cap, layout)
+            lower += why == "lower"
+            proven += why == "proven"
+    print(
+        f"\nnear-full steps ({steps}, 97% full or more at K_lb; CPU ms): {above} micro-batches"
+        f" above K_lb in all, {over} steps above it, of which {lower} pack one count lower (the"
+        f" count oracle: the search's misses) and {proven} cannot (the LP bound); plan median"
+        f" {statistics.median(times):.1f} ms, slowest {max(times):.1f} ms"
+    )
+
+
 CURVE = ((4096, 32), (16384, 32), (16384, 64), (65536, 256), (262144, 1024), (1048576, 4096))
 
 
@@ -343,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-curve", action="store_true")
     parser.add_argument("--draws", type=int, default=8, help="seed sweep draws (0: none)")
+    parser.add_argument("--near-full", type=int, default=40, help="near-full steps (0: none)")
     parser.add_argument("--only", help="one case by its key (SEED:INDEX[:REDRAW]), verbose")
     args = parser.parse_args(argv)
     families = sorted(FAMILIES)
@@ -365,6 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{refused} drawn cases refused with our error (no schedule exists), redrawn")
     if args.draws:
         seed_sweep(seed, args.draws)
+    if args.near_full:
+        near_full(seed, args.near_full)
     if not args.no_curve:
         curve(np.random.default_rng([seed, args.cases]), args.repeats)
     return 0
