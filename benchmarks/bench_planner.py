@@ -314,19 +314,20 @@ def near_full(seed: int, steps: int) -> None:
         n = int(np.exp(rng.uniform(np.log(500), np.log(6000))))
         layout = ParallelLayout(dp=int(rng.choice([1, 2, 3, 4, 8, 16, 32])))
         cap = int(rng.choice([8192, 16384, 32768]))
-        lengths = lengths_of(family, rng, n, cap)
-        k_lb = microbatch_lower_bound(lengths, cap, layout.dp, 1)
-        if k_lb * layout.dp > n or lengths.sum() < 0.97 * k_lb * layout.dp * cap:
+        sizes = lengths_of(family, rng, n, cap)
+        k_lb = microbatch_lower_bound(sizes, cap, layout.dp, 1)
+        if k_lb * layout.dp > n or sizes.sum() < 0.97 * k_lb * layout.dp * cap:
             continue
         drawn += 1
+        lengths = sizes.tolist()
         start = time.process_time()
-        schedule = DynamicBatching(layout, None, cap).plan(lengths.tolist(), list(range(n)))
+        schedule = DynamicBatching(layout, None, cap).plan(lengths, list(range(n)))
         times.append((time.process_time() - start) * 1e3)
         k = schedule.steps[0].num_microbatches
         above += k - k_lb
         if k > k_lb:
             over += 1
-            why = below_k(schedule.steps[0], lengths.tolist(), cap, layout)
+            why = below_k(schedule.steps[0], lengths, cap, layout)
             lower += why == "lower"
             proven += why == "proven"
     print(

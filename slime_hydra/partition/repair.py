@@ -136,7 +136,11 @@ def _exchanges(
     if li.size == 0:
         return Exchanges.none(0)
     excess = load[heavy] - cap
-    li_size, li_room = searched.size[light_item], light_room[light_item]
+    li_size, li_room, li_bin = (
+        searched.size[light_item],
+        light_room[light_item],
+        searched.bin[light_item],
+    )
     # The smallest y whose bin takes x for y within its room (y + r >= x).
     reach = np.maximum.accumulate(li_size + li_room)
     cands = [np.minimum(np.searchsorted(reach, x), li.size - 1)[:, None]]  # places in `li`
@@ -146,7 +150,7 @@ def _exchanges(
         cands.append(tier[np.clip(near, 0, tier.size - 1)])
     place = np.concatenate(cands, axis=1)
     take = li[place]
-    to = searched.bin[light_item][place]
+    to = li_bin[place]
     d = x[:, None] - li_size[place]
     # A move: to the bin of least room that holds the whole item.
     fit = np.minimum(np.searchsorted(rooms, x), open_bins.size - 1)
