@@ -55,13 +55,29 @@ def test_a_second_pass_sees_where_the_first_moved_the_items():
     # Cap 12: {10, 9} is 7 over, {6} has room 6. The first pass swaps the 10 for the 6 (a shift
     # of 4 ends 4 of the excess and fills {10} to 10, where moving the 9 would gain as much
     # and leave 15). The second pass starts from {9, 6}, 3 over, beside {10}: nothing lowers
-    # it (25 tokens do not fit 24), so the repair fails with the swap made, the 6 in bin 1.
+    # it (25 tokens do not fit 24). The kick moves the 6 to {10} (4 over), the next pass moves
+    # it back (3 over): no lower than the stall, so the repair fails with the packing of the
+    # stall, the swap made, the 6 in bin 1: four passes.
     sizes = np.array([10, 9, 6])
     bin_of = np.array([1, 1, 0])
     work = Work(10**6)
     assert not repair(bin_of, sizes, 2, 12, work)
     assert bin_of.tolist() == [0, 1, 1]
-    assert work.spent == pass_visits(2, 3 + 2) + pass_visits(2, 3 + 2) + 2 * PASS_OVERHEAD
+    assert work.spent == 4 * (pass_visits(2, 3 + 2) + PASS_OVERHEAD)
+
+
+def test_a_stall_kicks_its_smallest_item_to_the_roomiest_bin_and_the_repair_goes_on():
+    # Cap 14: {1, 3, 10, 7, 2} is 9 over, {5} has room 9. The first pass moves the 10 (gain
+    # 8), leaving {5, 10} 1 over beside {1, 3, 7, 2}, room 1: no item fits it, no swap shifts
+    # 1 (nothing of 4 or 9). The kick moves the 5 there (4 over), and two passes move the 3
+    # and the 1 back: {10, 3, 1} and {5, 7, 2}, both at the cap; without the kick it stops 1
+    # over. Four passes: the heavy bins held 5, 2, 5 and 4 items.
+    sizes = np.array([5, 1, 3, 10, 7, 2])
+    bin_of = np.array([0, 1, 1, 1, 1, 1])
+    work = Work(10**6)
+    assert repair(bin_of, sizes, 2, 14, work)
+    assert bin_of.tolist() == [1, 0, 0, 0, 1, 1]
+    assert work.spent == sum(pass_visits(h, 6 + 2) + PASS_OVERHEAD for h in (5, 2, 5, 4))
 
 
 def test_a_zero_budget_starts_no_pass_and_a_lone_item_over_the_cap_needs_none():
@@ -118,3 +134,14 @@ def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
 
     assert count(BalancedPacker.count_budget_per_sample) == 41
     assert count(20) == 42
+
+
+def test_a_slowing_repair_kicks_and_packs_the_count_first_fit_decreasing_misses():
+    # 4,096 GRPO samples on dp32, none under 2,493 tokens (the bench's scale curve, seed
+    # 159175358): K_lb 56, an LP over the bins proves 57 (1,794 bins), first-fit decreasing
+    # needs 58. The repair of 57 slows to a few tokens a pass 60 over 4 bins; kicking there,
+    # not only where no exchange is left, packs 57 within the count budget.
+    lengths = lengths_of("grpo", np.random.default_rng([159175358, 48]), 4096, 16384)
+    assert microbatch_lower_bound(lengths, 16384, 32, 1) == 56
+    strategy = DynamicBatching(ParallelLayout(dp=32), None, 16384)
+    assert strategy.plan(lengths.tolist(), list(range(4096))).steps[0].num_microbatches == 57
