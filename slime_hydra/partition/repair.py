@@ -16,12 +16,12 @@ the total excess falls every pass.
 
 Where no exchange lowers the excess (a stall), or the budget left, at the last pass's rate,
 cannot remove it (passes only slow down as the easy exchanges are made), a kick moves each
-over-cap bin's smallest item to one of the roomiest bins, and the passes go on from there: on
-a step of 4,096 GRPO samples (dp32) a stall 60 tokens over 4 bins, where no swap fits, was
-packed after one kick, a count lower. A second stall or slowdown not below the last kick's excess ends the
-repair with the packing the kick started from, so a repair never leaves more excess than it
-found. The work is charged per pass (`pass_visits`), before it is done: what the budget
-cannot pay for is not started, and a count that cannot be packed costs a few passes.
+over-cap bin's smallest item to one of the roomiest bins, and the passes go on from there: on a
+step of 4,096 GRPO samples (dp32) a stall 60 tokens over 4 bins, where no swap fits, was packed
+after one kick, a count lower. A second stall or slowdown not below the last kick's excess ends
+the repair with the packing the kick started from, so a repair never leaves more excess than it
+found. The work is charged per pass (`pass_visits`), before it is done: what the budget cannot
+pay for is not started, and a count that cannot be packed costs a few passes.
 """
 
 from __future__ import annotations
