@@ -69,7 +69,7 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
     live = np.flatnonzero(load[bin_of] != cap)
     searched = None  # sorted at the first pass paid for: a check with no budget costs no sort
     was, cost = None, 0
-    stall: tuple[int, np.ndarray] | None = None  # the excess and packing the last kick left
+    stall: tuple[int, np.ndarray] | None = None  # the excess and packing the last kick left from
 
     def give_up() -> bool:
         if stall is not None and excess >= stall[0]:  # the kick did not pay: back to before it
@@ -127,9 +127,9 @@ class _Searched:
 
 
 def _kick(searched: _Searched, load: np.ndarray, over: np.ndarray, cap: int) -> Exchanges:
-    """At a stall, where no item of a bin over the cap fits whole into any bin and no swap
-    lowers the excess: each such bin's smallest item to one of the roomiest bins, the largest
-    item to the roomiest, which the next passes repair. The excess rises by what the items
+    """Where no exchange lowers the excess (or the passes slow past what the budget can
+    finish): each bin over the cap gives its smallest item to one of the roomiest bins, the
+    largest item to the roomiest, which the next passes repair. The excess rises by what the items
     exceed those rooms, but onto bins of more room and, often, more ways to shed it."""
     is_over = np.zeros(load.size, dtype=bool)
     is_over[over] = True
