@@ -70,31 +70,30 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
     searched = None  # sorted at the first pass paid for: a check with no budget costs no sort
     was, cost = None, 0
     stall: tuple[int, np.ndarray] | None = None  # the excess and packing the last kick left from
-
-    def give_up() -> bool:
-        if stall is not None and excess >= stall[0]:  # the kick did not pay: back to before it
-            bin_of[:] = stall[1]
-        return False
-
     while True:
         over = live_bins[(load[live_bins] > cap) & (counts[live_bins] > 1)]
         excess = int((load[over] - cap).sum())
         if excess == 0:
             return True
+        # Where the last kick has not paid, a stop goes back to the packing it left from.
+        back = stall[1] if stall is not None and excess >= stall[0] else None
         slow = was is not None and work.outpaced(excess, was - excess, cost)
         visits = pass_visits(int(counts[over].sum()), live.size + live_bins.size)
         if not work.pay(visits):
-            return give_up()
+            break
         was, cost = excess, visits + PASS_OVERHEAD
         searched = _Searched.of(live, live_bins, bin_of, sizes) if searched is None else searched
         ex = Exchanges.none(0) if slow else _exchanges(searched, load, counts, over, cap)
         if ex.give.size == 0:
-            if stall is not None and excess >= stall[0]:
-                return give_up()
+            if back is not None:
+                break
             stall = excess, bin_of.copy()
             ex = _kick(searched, load, over, cap)
         apply_exchanges(ex, bin_of, sizes, load, counts)
         searched.moved(ex)
+    if back is not None:
+        bin_of[:] = back
+    return False
 
 
 @dataclass
@@ -126,6 +125,11 @@ class _Searched:
         self.bin[self.at[ex.take[swap]]] = ex.heavy[swap]
 
 
+def _open_bins(live_bins: np.ndarray, load: np.ndarray, cap: int) -> np.ndarray:
+    """The searched bins with room: under the cap (so none of those over it)."""
+    return live_bins[load[live_bins] < cap]
+
+
 def _kick(searched: _Searched, load: np.ndarray, over: np.ndarray, cap: int) -> Exchanges:
     """Where no exchange lowers the excess (or the passes slow past what the budget can
     finish): each bin over the cap gives its smallest item to one of the roomiest bins, the
@@ -137,8 +141,7 @@ def _kick(searched: _Searched, load: np.ndarray, over: np.ndarray, cap: int) -> 
     _, first = np.unique(searched.bin[heavy_item], return_index=True)
     smallest = heavy_item[first]
     smallest = smallest[descending(searched.size[smallest])]
-    live_bins = searched.live_bins
-    open_bins = live_bins[(load[live_bins] < cap) & ~is_over[live_bins]]
+    open_bins = _open_bins(searched.live_bins, load, cap)
     roomiest = open_bins[ascending(load[open_bins])][: smallest.size]
     smallest = smallest[: roomiest.size]
     give = searched.by_size[smallest]
@@ -154,10 +157,9 @@ def _exchanges(
 ) -> Exchanges:
     """The exchanges of one pass (see the module docstring) from the bins `over`, among the
     `searched` items and bins."""
-    live_bins = searched.live_bins
     is_over = np.zeros(load.size, dtype=bool)
     is_over[over] = True
-    open_bins = live_bins[(load[live_bins] < cap) & ~is_over[live_bins]]
+    open_bins = _open_bins(searched.live_bins, load, cap)
     room = np.zeros(load.size, dtype=np.int64)
     room[open_bins] = cap - load[open_bins]
     open_bins = open_bins[ascending(room[open_bins])]

@@ -139,8 +139,9 @@ def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
 def test_a_slowing_repair_kicks_and_packs_the_count_first_fit_decreasing_misses():
     # 4,096 GRPO samples on dp32, none under 2,493 tokens (the bench's scale curve, seed
     # 159175358): K_lb 56, an LP over the bins proves 57 (1,794 bins), first-fit decreasing
-    # needs 58. The repair of 57 slows to a few tokens a pass 60 over 4 bins; kicking there,
-    # not only where no exchange is left, packs 57 within the count budget.
+    # needs 58. The repair of 57 slows past what its budget can finish before it stalls 60
+    # tokens over 4 bins; kicking at the slowdown, not only at a stall, packs 57 within the
+    # count budget (a stall-only kick plans 58).
     lengths = lengths_of("grpo", np.random.default_rng([159175358, 48]), 4096, 16384)
     assert microbatch_lower_bound(lengths, 16384, 32, 1) == 56
     strategy = DynamicBatching(ParallelLayout(dp=32), None, 16384)
