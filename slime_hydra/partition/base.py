@@ -62,13 +62,14 @@ class Partitioner(Protocol):
     """Packs items into the first bin count of `counts` (ascending) it can: non-empty bins,
     each of two or more items within `cap` (sizes), as even in `weights` as `work` allows;
     returns the count and the bin of each item, or None. Dynamic batching's partitioner
-    (batching.partitioner); `tolerance`, `budget`, `budget_per_sample` and
-    `count_budget_per_sample` are its settings."""
+    (batching.partitioner); `tolerance`, `budget`, `budget_per_sample`,
+    `count_budget_per_sample` and `group_items` are its settings."""
 
     tolerance: float
     budget: int
     budget_per_sample: int
     count_budget_per_sample: int
+    group_items: int
 
     def __call__(
         self,

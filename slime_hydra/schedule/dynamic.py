@@ -158,6 +158,12 @@ class DynamicBatching(BatchingStrategy):
                     "item visits (budget=0 budget_per_sample=0: no balancing beyond the "
                     "construction)."
                 )
+        if self.partitioner.group_items < 0:
+            raise SlimeHydraError(
+                f"batching.partitioner.group_items={self.partitioner.group_items} must be >= 0 "
+                "samples (0: never pack a step through its groups' heads; the default is "
+                "16384)."
+            )
 
     def weights(self, sizes: np.ndarray) -> np.ndarray:
         """What balancing flattens: tokens, or a·L + b·L² FLOPs scaled so that the costliest
