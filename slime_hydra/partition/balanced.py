@@ -631,7 +631,9 @@ class BalancedPacker:
         FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
         is then balanced within `work`: exchanges with half of it; where they stop above the
         goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
-        exchanges again."""
+        exchanges again. A step of at least 2 × `group_items` items is packed so through its
+        groups' heads (partition.grouping) and the heads' packing copied, where that loses
+        too little room."""
         if not counts or len(sizes) < counts[0]:
             return None
         groups = Grouping.of(sizes, counts, cap, self.tolerance, self.group_items)
