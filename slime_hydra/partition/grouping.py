@@ -9,13 +9,15 @@ What it costs: rounding every item up to its head adds `lost` tokens (at most C 
 largest item less the smallest: the groups' spreads telescope), and the heads get count // C
 bins, so the copies miss count mod C bins (filled afterwards by splitting bins). A step is
 grouped only where both together take at most ROOM_LOST of one count step's room, and `lost`
-at most a quarter of the tolerance of the step's tokens; so where the step is not that near
-full at a count, the heads pack it if the step packs, and their bound is within a quarter of
-the tolerance of the step's.
+at most a quarter of the tolerance of the step's tokens: the heads' mean bin is then within a
+quarter of the tolerance of the step's, and by volume the heads lose a count only where the
+step is within ROOM_LOST of a count step of full at it (an argument on volume, not a proof:
+as without grouping, K above K_lb says the search did not pack K_lb, not that no plan does).
 
 So the count search and the balancing, whose passes cost O(n) each at scale (a count that
-cannot be packed took 2.8 s of repairs at 1M samples on dp4096), run on `least` to 2·`least`
-heads (the partitioner's `group_items`), whatever the step's size.
+cannot be packed took 2.8 s of repairs at 1M samples on dp4096), run on at least `least` heads
+(the partitioner's `group_items`), under 2·`least` where C need not divide a small count step,
+whatever the step's size (heads that are still many are grouped again).
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from slime_hydra.partition.multifit import fill_empty
 
 ROOM_LOST = 1 / 32
 """Of a count step's room (the bins between one count and the next, at the cap), what the
-heads may lose to rounding and to the bins the copies miss."""
+heads may lose to rounding and to the bins the copies miss. On 15 random steps of every family
+(40k-300k samples, dp 1-1,024) it grouped those on dp32 and up and changed no K
+(docs/planner.md, eighteenth round)."""
 
 
 @dataclass(frozen=True)
