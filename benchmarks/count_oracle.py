@@ -7,7 +7,7 @@ The starts are first-fit decreasing's packing cut to the count (partition.balanc
 largest fit in rounds (fit_rounds). On GRPO steps 98-99% full where the planner's paired repair
 stalls thousands of tokens over the cap, this packs K_lb (docs/planner.md, tenth round); the
 planner's count search runs the same repair on the same starts (on largest fit's after its
-paired exchanges), within its count budget (batching.partitioner.count_budget_per_sample), so
+paired exchanges), within its count budget (batching.partitioner.repair_budget_per_sample), so
 what this finds and the planner does not is what that budget did not pay for.
 """
 

@@ -63,12 +63,12 @@ class Partitioner(Protocol):
     each of two or more items within `cap` (sizes), as even in `weights` as `work` allows;
     returns the count and the bin of each item, or None. Dynamic batching's partitioner
     (batching.partitioner); `tolerance`, `budget`, `budget_per_sample`,
-    `count_budget_per_sample` and `group_items` are its settings."""
+    `repair_budget_per_sample` and `group_items` are its settings."""
 
     tolerance: float
     budget: int
     budget_per_sample: int
-    count_budget_per_sample: int
+    repair_budget_per_sample: int
     group_items: int
 
     def __call__(

@@ -10,11 +10,13 @@ One algorithm for every step, its work bounded:
    oversize=isolate) by the partitioner (partition.balanced.BalancedPacker: an O(n log n)
    construction, then cap repairs and balancing exchanges within its work budget, first-fit
    decreasing where the repairs fall short, and where the exchanges stall above the bound by
-   tokens, MULTIFIT: first-fit decreasing under a bisected load limit, in the same budget).
+   tokens, MULTIFIT: first-fit decreasing under a bisected load limit, in the same budget;
+   where the heaviest still ends over the tolerance, the step packed again under it by the
+   whole-step repair).
    Where it cannot fill dp·K micro-batches within the cap, K rises by the VPP alignment: a K
    above K_lb means neither the constructions nor the repairs (of largest fit in rounds and of
    first-fit decreasing's packing cut to dp·K, within the partitioner's
-   `count_budget_per_sample`) packed the step at K_lb, not that no plan exists there. A step
+   `repair_budget_per_sample`) packed the step at K_lb, not that no plan exists there. A step
    of many samples is packed through the heads of groups of similar ones (partition.grouping:
    16-32k heads, the packing copied), so its search and balancing cost what 16k samples' do.
 3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
@@ -153,7 +155,7 @@ class DynamicBatching(BatchingStrategy):
                 f"batching.partitioner.tolerance={self.partitioner.tolerance} must lie in "
                 "(0, 1); the default is 0.01."
             )
-        for key in ("budget", "budget_per_sample", "count_budget_per_sample"):
+        for key in ("budget", "budget_per_sample", "repair_budget_per_sample"):
             if getattr(self.partitioner, key) < 0:
                 raise SlimeHydraError(
                     f"batching.partitioner.{key}={getattr(self.partitioner, key)} must be >= 0 "

@@ -128,11 +128,11 @@ def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
     assert microbatch_lower_bound(lengths, 16384, 32, 1) == 41
 
     def count(per_sample: int) -> int:
-        packer = BalancedPacker(count_budget_per_sample=per_sample)
+        packer = BalancedPacker(repair_budget_per_sample=per_sample)
         strategy = DynamicBatching(ParallelLayout(dp=32), None, 16384, partitioner=packer)
         return strategy.plan(lengths.tolist(), list(range(4096))).steps[0].num_microbatches
 
-    assert count(BalancedPacker.count_budget_per_sample) == 41
+    assert count(BalancedPacker.repair_budget_per_sample) == 41
     assert count(20) == 42
 
 
