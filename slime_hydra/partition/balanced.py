@@ -593,9 +593,9 @@ class BalancedPacker:
     packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for from
     7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
     repair_budget_per_sample: int = 10 * VISITS_PER_ITEM
-    """Work for the whole-step repairs, per sample of the step besides its `budget`: the count
-    search's cap repairs, spent only where the constructions break the cap at the first count,
-    then, with what they left, the refit of a balancing that stopped over the tolerance. One
+    """Work for the whole-step repairs, per sample of the step besides its `budget`, once for
+    the count search's cap repairs, spent only where the constructions break the cap at the
+    first count, and once for the refit of a balancing that ends over the tolerance. One
     micro-batch fewer per rank saves more step time than this costs (at most ~5 µs a sample).
     On 144 bench_planner cases (314 steps) 20 a sample left 29 steps above K_lb, 50 left 21,
     100 left 17 and 200 left 16 (docs/planner.md, eleventh round)."""
@@ -624,8 +624,7 @@ class BalancedPacker:
         whose bins are full, the whole-step repair of partition.repair, first within the
         step's `budget`; of largest fit: paired exchanges, then the whole-step repair; the
         cut's repair resumed), so a step tries O(log) counts, not every one up to it. The
-        repairs share one budget of their own (the step's `budget` and
-        `repair_budget_per_sample` for each item), so a count that cannot be packed leaves
+        repairs share one budget of their own (`_repairs`), so a count that cannot be packed leaves
         the balancing its budget, and the search costs at most that in exchanges besides its
         constructions and the first cut repairs; at FFD's own count the balanced
         construction repaired (within the step's `budget`) and largest fit still go first:
@@ -633,7 +632,7 @@ class BalancedPacker:
         is then balanced within `work`: exchanges with half of it; where they stop above the
         goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
         exchanges again; where the heaviest bin still ends over the tolerance, the refit
-        (`_refit`) with what the repairs left of their budget. A step of at least 2 ×
+        (`_refit`) with a repairs' budget of its own. A step of at least 2 ×
         `group_items` items is packed so through its groups' heads (partition.grouping) and
         the heads' packing copied, where that loses too little room."""
         if not counts or len(sizes) < counts[0]:
@@ -671,11 +670,11 @@ class BalancedPacker:
             if bin_of is None:
                 bin_of = packed(fitted(0), 0, Work(0))
         at = 0
-        repairs = Work(self.budget + self.repair_budget_per_sample * len(sizes))
         if bin_of is None:
             ffd = first_fit_decreasing(sizes, cap) if ffd is None else ffd
             fits = bisect_left(counts, int(ffd.max()) + 1)  # the first count FFD fills
             lo, hi = 0, fits
+            repairs = self._repairs(len(sizes))
             while lo < hi:
                 mid = (lo + hi) // 2
                 got = None if mid == 0 or full(mid) else packed(built(mid), mid, Work(0))
@@ -720,7 +719,7 @@ class BalancedPacker:
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
             if tokens:
-                bin_of = self._refit(sizes, bin_of, bins, repairs)
+                bin_of = self._refit(sizes, bin_of, bins, self._repairs(len(sizes)))
         return bins, bin_of
 
     def _grouped(
@@ -752,7 +751,9 @@ class BalancedPacker:
         MULTIFIT's first-fit decreasing under T needs more bins; the repair searches every bin
         with room. On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
         (truncated and around-cap/3 steps of 3-5 samples a micro-batch), it packed 41 within
-        the repairs' budget; the goal's half tolerance as T packed 24 (docs/planner.md)."""
+        the repairs' budget; the goal's half tolerance as T packed 24 (docs/planner.md). It has
+        a budget of its own: after a count search that could not pack K_lb had spent its
+        repairs' budget, a truncated step of 4,743 samples on dp3 stayed 1.97% over."""
         top = int(np.bincount(bin_of, weights=sizes, minlength=bins).max())
         bound = max_part_lower_bound(sizes, bins, upper=top, rel_tol=self.tolerance / 4)
         limit = int((1 + self.tolerance) * bound)
@@ -760,6 +761,11 @@ class BalancedPacker:
             return bin_of
         refit = fit_rounds(sizes, bins, limit)  # limit < top <= cap: within the cap if packed
         return refit if repair(refit, sizes, bins, limit, work) else bin_of
+
+    def _repairs(self, n: int) -> Work:
+        """The whole-step repairs' budget for `n` items: the step's `budget` and
+        `repair_budget_per_sample` for each item."""
+        return Work(self.budget + self.repair_budget_per_sample * n)
 
     def _full(self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int) -> bool:
         """Whether every packing of `bins` bins within `cap` is balanced enough: balancing by

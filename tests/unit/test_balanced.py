@@ -14,6 +14,8 @@ from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
 from slime_hydra.partition.repair import repair
+from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
+from slime_hydra.schedule.metrics import microbatch_lower_bound
 from tests.families import FAMILIES, ISOLATE, lengths_of
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -481,6 +483,19 @@ def test_balancing_stalled_over_the_tolerance_is_packed_again_under_it(monkeypat
     assert top() <= 1.01 * bound
     monkeypatch.setattr(BalancedPacker, "_refit", lambda self, sizes, bin_of, bins, work: bin_of)
     assert top() > 1.012 * bound
+
+
+def test_a_refit_after_a_count_search_that_spent_its_budget_has_a_budget_of_its_own():
+    # 600 truncated samples on dp3 under a cap of 4,096: the count search cannot pack K_lb (57)
+    # and spends the repairs' budget; at 58 the balancing ends 1.57% over the bound, which the
+    # refit, with a budget of its own, packs within 1% (with what the search left: 1.0157).
+    lengths = lengths_of("truncated", np.random.default_rng([24]), 600, 4096)
+    layout = ParallelLayout(dp=3)
+    assert microbatch_lower_bound(lengths, 4096, 3, 1) == 57
+    step = DynamicBatching(layout, None, 4096).plan(lengths.tolist(), list(range(600))).steps[0]
+    m = step_metrics(step, lengths.tolist(), 4096, layout, (1.0, 0.0))
+    assert m["batch/num_microbatches"] == 58
+    assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
 
 @st.composite
