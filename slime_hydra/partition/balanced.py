@@ -632,9 +632,11 @@ class BalancedPacker:
         is then balanced within `work`: exchanges with half of it; where they stop above the
         goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
         exchanges again; where the heaviest bin still ends over the tolerance, the refit
-        (`_refit`) with a repairs' budget of its own. A step of at least 2 ×
-        `group_items` items is packed so through its groups' heads (partition.grouping) and
-        the heads' packing copied, where that loses too little room."""
+        (`_refit`) with a repairs' budget of its own (where `work` has any budget: a call
+        with none, count=fastest's constructions of its candidate counts, balances nothing).
+        A step of at least 2 × `group_items` items is packed so through its groups' heads
+        (partition.grouping) and the heads' packing copied, where that loses too little
+        room."""
         if not counts or len(sizes) < counts[0]:
             return None
         groups = Grouping.of(sizes, counts, cap, self.tolerance, self.group_items)
@@ -718,7 +720,7 @@ class BalancedPacker:
                 refit = multifit(sizes, bins, low, top, int(goal), self.tolerance / 4, work)
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
-            if tokens:
+            if tokens and work.budget:  # none where the call asks for no balancing at all
                 bin_of = self._refit(sizes, bin_of, bins, self._repairs(len(sizes)))
         return bins, bin_of
 

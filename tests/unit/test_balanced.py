@@ -481,6 +481,10 @@ def test_balancing_stalled_over_the_tolerance_is_packed_again_under_it(monkeypat
         return int(np.bincount(found[1], weights=sizes, minlength=79).max())
 
     assert top() <= 1.01 * bound
+    # A call with no balancing budget (count=fastest's candidate counts) gets no refit either.
+    alone = BalancedPacker()(sizes, sizes, [79], 16384, Work(0))
+    assert alone is not None
+    assert np.bincount(alone[1], weights=sizes, minlength=79).max() > 1.01 * bound
     monkeypatch.setattr(BalancedPacker, "_refit", lambda self, sizes, bin_of, bins, work: bin_of)
     assert top() > 1.012 * bound
 
