@@ -4,6 +4,7 @@ seed each run (printed), worst cases reported; then the scale curve up to 1M sam
     python benchmarks/bench_planner.py                 # a fresh seed, 48 cases, the curve
     python benchmarks/bench_planner.py --seed 1234     # the same cases again
     python benchmarks/bench_planner.py --cases 96 --no-curve --draws 0 --near-full 120
+    python benchmarks/bench_planner.py --cases 0 --draws 0 --near-full 0 --no-curve  # targets
 
 Each case draws a family (tests/families.py), 512-16k samples a step in 1-3 steps, a layout
 (dp 1-64, pp/vpp with a VPP group, cp 1-2) and a cap, and plans it with `batching=dynamic`
@@ -17,7 +18,9 @@ planner logs: K over `batch/num_microbatches_lb`, the largest micro-batch over
 counts those where the LP relaxation (count_lp.py) proves one count lower out of reach: there
 the bound, not the planner, is short, and K is the fewest. The seed sweep plans
 fixed cases (family, size, layout) on several draws each and reports the slowest draw against
-the median one. The near-full steps (`--near-full`) are where the count search runs: steps 97%
+the median one. The target steps (`--target-draws`) are the issue's plan-time targets, 4k and 16k
+samples on dp32, on every family, the worst draw against the target. The near-full steps
+(`--near-full`) are where the count search runs: steps 97%
 full or more at K_lb, which the random cases draw rarely; the figure is the micro-batches above
 K_lb in all, with the count oracle's misses and the LP's proofs. The exit status is 0 either
 way (the figures are the result).
@@ -301,6 +304,46 @@ def seed_sweep(seed: int, draws: int) -> None:
         )
 
 
+TARGETS = ((4096, 32, 10.0), (16384, 32, 40.0))
+"""(samples, dp, target ms) of the issue's plan-time targets: one step, cap 16384, any family."""
+
+
+def target_steps(seed: int, draws: int, repeats: int) -> None:
+    """The plan-time targets' steps, each family drawn `draws` times (one seed each, from the
+    run's): the median and worst draw's plan time (the median of `repeats` plans), against the
+    target, with the worst quality."""
+    print(f"\ntarget steps ({draws} draws of every family, cap 16384, one step; CPU ms):")
+    print(
+        f"{'samples':>7s} {'dp':>3s} {'family':9s} {'median':>7s} {'worst':>7s}"
+        f" {'target':>6s} {'q worst':>8s}"
+    )
+    for n, dp, target in TARGETS:
+        layout = ParallelLayout(dp=dp)
+        for family in sorted(FAMILIES):
+            times, worst = [], 0.0
+            for draw in range(draws):
+                lengths = lengths_of(family, np.random.default_rng([seed, draw, n, 2]), n, 16384)
+                lengths = lengths.tolist()
+                oversize = "isolate" if family in ISOLATE else "error"
+                strategy = DynamicBatching(layout, None, 16384, oversize=oversize)
+                runs = []
+                try:
+                    for _ in range(repeats):
+                        start = time.process_time()
+                        schedule = strategy.plan(lengths, list(range(n)))
+                        runs.append((time.process_time() - start) * 1e3)
+                except SlimeHydraError:  # no schedule exists (equal samples over cap/2)
+                    continue
+                times.append(statistics.median(runs))
+                m = step_metrics(schedule.steps[0], lengths, 16384, layout, FLOPS)
+                worst = max(worst, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
+            if times:
+                print(
+                    f"{n:7d} {dp:3d} {family:9s} {statistics.median(times):7.1f}"
+                    f" {max(times):7.1f} {target:6.0f} {worst:8.4f}"
+                )
+
+
 def near_full(seed: int, steps: int) -> None:
     """Steps 97% full or more at K_lb, where the count search runs: GRPO and truncated lengths,
     500-6k samples, dp 1-32, caps 8k-32k, drawn from the run's seed. The micro-batches above
@@ -385,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-curve", action="store_true")
     parser.add_argument("--draws", type=int, default=8, help="seed sweep draws (0: none)")
     parser.add_argument("--near-full", type=int, default=40, help="near-full steps (0: none)")
+    parser.add_argument(
+        "--target-draws", type=int, default=6, help="draws of the targets' steps (0: none)"
+    )
     parser.add_argument("--only", help="one case by its key (SEED:INDEX[:REDRAW]), verbose")
     args = parser.parse_args(argv)
     families = sorted(FAMILIES)
@@ -407,6 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{refused} drawn cases refused with our error (no schedule exists), redrawn")
     if args.draws:
         seed_sweep(seed, args.draws)
+    if args.target_draws:
+        target_steps(seed, args.target_draws, args.repeats)
     if args.near_full:
         near_full(seed, args.near_full)
     if not args.no_curve:
