@@ -770,9 +770,10 @@ class BalancedPacker:
             return bin_of
         # limit < top <= cap: a packing within the limit is within the cap.
         near = bin_of.copy()
-        first = Work(min(NEAR_PASSES * (len(sizes) + PASS_OVERHEAD), work.budget))
+        near_passes = NEAR_PASSES * (len(sizes) + PASS_OVERHEAD)
+        first = Work(min(work.budget, work.spent + near_passes), work.spent)
         packed = repair(near, sizes, bins, limit, first)
-        work.charge(first.spent, passes=0)
+        work.spent = first.spent
         if packed:
             return near
         refit = fit_rounds(sizes, bins, limit)

@@ -469,8 +469,8 @@ def test_the_heaviest_bin_widens_its_search_until_it_meets_the_bin_that_takes_fr
 
 def test_balancing_stalled_over_the_tolerance_is_packed_again_under_it(monkeypatch):
     # 237 truncated samples (a spike at 5,966 tokens, 3 a micro-batch) in 79 micro-batches:
-    # the exchanges and MULTIFIT stop 1.26% over the proven bound; largest fit in rounds under
-    # 1.01 × the bound, repaired by the whole-step repair, packs within it.
+    # the exchanges and MULTIFIT stop 1.26% over the proven bound; the refit, the whole-step
+    # repair under 1.01 × the bound, packs within it.
     sizes = lengths_of("truncated", np.random.default_rng([38, 1]), 237, 16384)
     bound = max_part_lower_bound(sizes, 79)
 
