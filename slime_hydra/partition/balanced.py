@@ -417,8 +417,8 @@ def _passes(
         pool = np.flatnonzero(~over)
         if not work.left or pool.size == 0:
             return False
-        heavy = heavy[np.lexsort((heavy, -load[heavy]))]
-        pool = pool[np.lexsort((pool, load[pool]))]
+        heavy = heavy[descending(load[heavy])]  # ties by bin: flatnonzero is ascending
+        pool = pool[ascending(load[pool])]
         m = min(heavy.size, pool.size)
         heavy = heavy[:m]
         tries = max(1, min(PARTNERS << min(stalls, 30), pool.size // m))
@@ -519,8 +519,8 @@ def even_groups(
         over = group_load * groups > (1 + tolerance) * int(group_load.sum())
         heavy = np.flatnonzero(over)
         pool = np.flatnonzero(~over)
-        heavy = heavy[np.lexsort((heavy, -group_load[heavy]))]
-        pool = pool[np.lexsort((pool, group_load[pool]))]
+        heavy = heavy[descending(group_load[heavy])]
+        pool = pool[ascending(group_load[pool])]
         m = min(heavy.size, pool.size)
         heavy = heavy[:m]
         light = pool[(np.arange(m) + rotation) % pool.size]

@@ -137,11 +137,12 @@ def best_exchanges(
     if pick.size == 0:
         return Exchanges.none(visited)
     err = np.abs(shift - np.minimum(gap[pair_of] // 2, room[pair_of]))
-    best = np.lexsort((pick, err, pair_of))
+    best = ascending(pair_of * (int(err.max()) + 1) + err)  # by pair, error, then `pick`
     first = best[np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))]
     row, pairs, shift, take = row[first], pair_of[first], shift[first], take[first]  # one a pair
     kept = np.minimum(shift, gap[pairs] - shift)  # how far the pair's heavier side comes down
-    by_bin = np.lexsort((pairs, -kept, heavy[pairs]))
+    top = int(kept.max())
+    by_bin = ascending(heavy[pairs] * (top + 1) + top - kept)  # by bin, most kept, then pair
     once = by_bin[np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))]
     return Exchanges(
         heavy=heavy[pairs[once]],
