@@ -1,7 +1,7 @@
 """Items dealt evenly over G groups (DP ranks): heaviest first, equal counts, even totals.
 
 - `ascending`, `sort_values`: lightest first, by 16-bit radix keys where the span fits (in
-  two passes for `ascending`, up to a span of 2^32).
+  two passes for `ascending`, up to a span of 2^32); `ascending_by` of two keys as one.
 - `count_at_most`: searchsorted's right side by a table of running counts where it is cheaper.
 - `descending`: item order heaviest first, ties by index, from unique sort keys, so every
   machine (whatever numpy's sort kernel) gets the same order.
@@ -56,6 +56,12 @@ def ascending(values: np.ndarray) -> np.ndarray:
         order = np.argsort((shifted & (RADIX_SPAN - 1)).astype(np.uint16), kind="stable")
         return order[np.argsort((shifted[order] >> 16).astype(np.uint16), kind="stable")]
     return np.argsort(values, kind="stable")
+
+
+def ascending_by(major: np.ndarray, minor: np.ndarray) -> np.ndarray:
+    """Indices by `major`, then `minor` (non-negative integers), ties by index: `ascending`
+    of one key, where np.lexsort of two (three, with the index) sorts once per key."""
+    return ascending(major * (int(minor.max(initial=0)) + 1) + minor)
 
 
 def sort_values(values: np.ndarray | Sequence[int]) -> np.ndarray:

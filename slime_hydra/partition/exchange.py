@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from slime_hydra.partition.deal import ascending
+from slime_hydra.partition.deal import ascending, ascending_by
 
 WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below and two above
 
@@ -137,12 +137,11 @@ def best_exchanges(
     if pick.size == 0:
         return Exchanges.none(visited)
     err = np.abs(shift - np.minimum(gap[pair_of] // 2, room[pair_of]))
-    best = ascending(pair_of * (int(err.max()) + 1) + err)  # by pair, error, then `pick`
+    best = ascending_by(pair_of, err)  # ties by `pick`, which is ascending
     first = best[np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))]
     row, pairs, shift, take = row[first], pair_of[first], shift[first], take[first]  # one a pair
     kept = np.minimum(shift, gap[pairs] - shift)  # how far the pair's heavier side comes down
-    top = int(kept.max())
-    by_bin = ascending(heavy[pairs] * (top + 1) + top - kept)  # by bin, most kept, then pair
+    by_bin = ascending_by(heavy[pairs], int(kept.max()) - kept)  # most kept first; ties by pair
     once = by_bin[np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))]
     return Exchanges(
         heavy=heavy[pairs[once]],
@@ -184,7 +183,7 @@ def bulk_moves(
     many small items at once where one exchange moves too little."""
     hi, p, _, _ = _members(bin_of, heavy, light, len(counts), movable)
     visited = bulk_visits(hi.size, len(bin_of))
-    order = np.lexsort((hi, values[hi], p))
+    order = ascending_by(p, values[hi])  # ties by item: `_members` gives a pair's ascending
     hi, p = hi[order], p[order]
     starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1])))
     start = np.repeat(starts, np.diff(np.append(starts, p.size)))  # of each item's pair

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.partition.deal import (
     ascending,
+    ascending_by,
     count_at_most,
     descending,
     sort_values,
@@ -29,6 +30,22 @@ def test_count_at_most_counts_the_values_at_or_below_each_key():
     assert count_at_most(values, keys).tolist() == [0, 1, 1, 3, 3, 4, 4]
     assert count_at_most(values, keys[:2]).tolist() == [0, 1]  # searchsorted: 2 keys < span
     assert count_at_most(np.zeros(0, dtype=np.int64), keys[:2]).tolist() == [0, 0]
+
+
+def test_ascending_by_sorts_by_the_first_key_then_the_second_then_the_index():
+    # (major, minor): (1, 0) (0, 2) (1, 0) (0, 1) (0, 2): by major 3, 1, 4 then 0, 2; by minor
+    # within major 0: 3 (1) before 1 and 4 (2), those by index.
+    major, minor = np.array([1, 0, 1, 0, 0]), np.array([0, 2, 0, 1, 2])
+    assert ascending_by(major, minor).tolist() == [3, 1, 4, 0, 2]
+
+
+@PROPERTY
+@given(st.lists(st.tuples(st.integers(0, 300), st.integers(0, 1 << 31)), max_size=80))
+def test_ascending_by_is_a_lexsort_of_both_keys_and_the_index(pairs):
+    major = np.array([a for a, _ in pairs], dtype=np.int64)
+    minor = np.array([b for _, b in pairs], dtype=np.int64)
+    expected = np.lexsort((np.arange(len(pairs)), minor, major))
+    assert ascending_by(major, minor).tolist() == expected.tolist()
 
 
 @PROPERTY
