@@ -409,6 +409,17 @@ def test_even_groups_stops_at_once_where_a_locked_sample_sets_the_heaviest_group
     assert bin_of.tolist() == [0, 1, 2, 3] and work.spent == 0
 
 
+def test_even_groups_spends_nothing_where_whole_items_already_set_the_heaviest_group():
+    # Seven items of 10 on three ranks of one bin each: some rank holds three (30), above the
+    # mean of 23.3 and its tolerance, but at the proven bound on the heaviest of three parts.
+    # Moving an item only moves the 30 (it spent 20,034 visits on passes that could not help).
+    sizes = np.full(7, 10)
+    bin_of = np.array([0, 0, 0, 1, 1, 2, 2])
+    work = Work(10**6)
+    even_groups(bin_of, sizes, sizes, 3, 100, 0.0025, work)
+    assert bin_of.tolist() == [0, 0, 0, 1, 1, 2, 2] and work.spent == 0
+
+
 def test_evening_groups_that_cannot_reach_their_goal_stops_after_a_pass_not_its_budget():
     # Group 0's one bin holds 1,000 items of 1; groups 1-10 one item of 50 each, under a cap of
     # 51: the goal (the mean, 136, and the tolerance) is out of reach, as each light bin can
