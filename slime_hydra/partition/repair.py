@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slime_hydra.partition.base import PASS_OVERHEAD, Work
-from slime_hydra.partition.deal import ascending, descending
+from slime_hydra.partition.deal import ascending, ascending_by, descending
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 
 WINDOW = (-2, -1, 0, 1)
@@ -189,7 +189,12 @@ def _exchanges(
     reach = np.maximum.accumulate(li_size + li_room)
     cands = [np.minimum(np.searchsorted(reach, x), li.size - 1)[:, None]]  # places in `li`
     for q in TIERS:
-        tier = np.flatnonzero(li_room >= rooms[int(q * (rooms.size - 1))])
+        least = rooms[int(q * (rooms.size - 1))]
+        if least == rooms[0]:  # every light item: no gather
+            near = np.searchsorted(li_size, x - excess)[:, None] + np.asarray(WINDOW)
+            cands.append(np.clip(near, 0, li.size - 1))
+            continue
+        tier = np.flatnonzero(li_room >= least)
         near = np.searchsorted(li_size[tier], x - excess)[:, None] + np.asarray(WINDOW)
         cands.append(tier[np.clip(near, 0, tier.size - 1)])
     place = np.concatenate(cands, axis=1)
@@ -207,18 +212,23 @@ def _exchanges(
     fill = np.where(after <= cap, after, 0)
     score = np.where(gain > 0, gain * (int(np.abs(after).max()) + 1) + fill, -1)
     row = np.arange(hi.size)
+    # The rows by heavy bin, then item, once a pass: each round takes each bin's best row.
+    by_bin = ascending_by(heavy, hi)
+    first = np.flatnonzero(np.concatenate(([True], heavy[by_bin][1:] != heavy[by_bin][:-1])))
+    rows_of = np.diff(np.append(first, hi.size))
     used = np.zeros(len(load), dtype=bool)  # bins in an exchange chosen this pass
     parts = []
     for _ in range(ROUNDS):
-        free = np.where(used[to] | used[heavy][:, None], -1, score)
+        free = np.where(used[to] | used[heavy][:, None], -1, score) if parts else score
         col = free.argmax(axis=1)
         best, to_c, take_c = free[row, col], to[row, col], take[row, col]
-        keep = np.flatnonzero(best > 0)
+        # One per heavy bin, then one per light bin, the largest gain first; ties by item.
+        in_bin = best[by_bin]
+        top = np.repeat(np.maximum.reduceat(in_bin, first), rows_of)
+        keep = by_bin[(in_bin == top) & (top > 0)]
         if keep.size == 0:
             break
-        # One per heavy bin, then one per light bin, the largest gain first; ties by item.
-        keep = keep[np.lexsort((hi[keep], -best[keep], heavy[keep]))]
-        keep = keep[np.concatenate(([True], heavy[keep][1:] != heavy[keep][:-1]))[: keep.size]]
+        keep = keep[np.concatenate(([True], heavy[keep][1:] != heavy[keep][:-1]))]
         keep = keep[np.lexsort((hi[keep], -best[keep], to_c[keep]))]
         keep = keep[np.concatenate(([True], to_c[keep][1:] != to_c[keep][:-1]))[: keep.size]]
         used[heavy[keep]] = used[to_c[keep]] = True
