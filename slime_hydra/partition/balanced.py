@@ -44,7 +44,7 @@ from slime_hydra.partition.exchange import (
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.grouping import Grouping
 from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
-from slime_hydra.partition.repair import repair
+from slime_hydra.partition.repair import repair, spill
 
 PARTNERS = 4
 """Light bins each heavy bin tries per pass (while the pool has that many per heavy bin); in
@@ -635,10 +635,13 @@ class BalancedPacker:
         bisected with the constructions and the repairs (of FFD's packing cut to the count,
         whose bins are full, the whole-step repair of partition.repair, first within the
         step's `budget`; of largest fit: paired exchanges, then the whole-step repair; the
-        cut's repair resumed), so a step tries O(log) counts, not every one up to it. The
-        repairs share one budget of their own (`_repairs`), so a count that cannot be packed leaves
-        the balancing its budget, and the search costs at most that in exchanges besides its
-        constructions and the first cut repairs; at FFD's own count the balanced
+        cut's repair resumed), so a step tries O(log) counts, not every one up to it; a count
+        whose repairs stop over the cap is not wasted: the better of its two starts, its bins'
+        excess shed into new bins (partition.repair.spill), packs a count that lowers the top
+        of the bisection where it is below it. The repairs share one budget of their own
+        (`_repairs`), so a count that cannot be packed leaves the balancing its budget, and
+        the search costs at most that in exchanges besides its constructions and the first
+        cut repairs; at FFD's own count the balanced
         construction repaired (within the step's `budget`) and largest fit still go first:
         FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
         is then balanced within `work`: exchanges with half of it; where they stop above the
@@ -670,6 +673,19 @@ class BalancedPacker:
 
         def full(at: int) -> bool:
             return self._full(sizes, weights, counts[at], cap)
+
+        def spilled(at: int, *starts: np.ndarray) -> tuple[int, np.ndarray | None]:
+            """The first count the best of `starts` (counts[at] bins, left over the cap by
+            their repairs) fills once its bins shed their excess into new ones, and that
+            packing; (len(counts), None) where no count takes it."""
+            shed = [start.copy() for start in starts]
+            got = [spill(start, sizes, counts[at], cap) for start in shed]
+            best = int(np.argmin(got))
+            above = bisect_left(counts, got[best])
+            if above == len(counts) or len(sizes) < counts[above]:
+                return len(counts), None
+            fill_empty(shed[best], weights, counts[above])
+            return above, shed[best]
 
         def ffd_at(at: int) -> np.ndarray:  # FFD's packing, where it needs at most counts[at]
             bin_of = ffd.copy()
@@ -704,7 +720,12 @@ class BalancedPacker:
                     if got is None:
                         got = cut if repair(cut, sizes, counts[mid], cap, repairs) else None
                 if got is None:
+                    # Where the repairs stopped, the count they missed may be above this one
+                    # and below FFD's: the starts shed their excess into a few new bins.
                     lo = mid + 1
+                    above, shed = spilled(mid, cut, fitted(mid))
+                    if above < hi:
+                        bin_of, hi = shed, above
                 else:
                     bin_of, hi = got, mid
             at = hi

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_hydra.partition import BalancedPacker, Work
+from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition.balanced import fit_rounds
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.repair import pass_visits, repair
+from slime_hydra.partition.repair import pass_visits, repair, spill
 from slime_hydra.schedule import DynamicBatching, ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
 from tests.families import lengths_of
@@ -108,6 +108,18 @@ def test_kicks_that_lower_the_excess_too_little_for_the_budget_stop_at_the_secon
     assert (np.bincount(bin_of, minlength=bins) > 0).all()
 
 
+def test_a_spill_sheds_each_bins_excess_and_packs_what_it_shed_into_new_bins():
+    # Cap 10. {6, 3, 2} is 1 over: the smallest item of at least 1 is the 2. {5, 4, 4} is 3
+    # over: the first 4. {4, 4, 4, 4} is 6 over and no item is that large: its largest items
+    # go while those above them hold less than 6, two 4s (the last two), leaving 8. {9, 1} is
+    # within the cap. The shed 2, 4, 4, 4 pack by first-fit decreasing (of equal items the
+    # later first) into {4, 4, 2} (items 9, 8, 2) and {4} (item 4): bins 4 and 5.
+    sizes = np.array([6, 3, 2, 5, 4, 4, 4, 4, 4, 4, 9, 1])
+    bin_of = np.array([0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 3, 3])
+    assert spill(bin_of, sizes, 4, 10) == 6
+    assert bin_of.tolist() == [0, 0, 4, 1, 5, 1, 2, 2, 4, 4, 3, 3]
+
+
 @st.composite
 def packings(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, int, int]:
     cap = draw(st.integers(4, 60))
@@ -137,6 +149,39 @@ def test_a_repair_keeps_every_bin_and_its_budget_and_never_adds_excess(case, bud
     after = _excess(bin_of, sizes, bins, cap)
     assert after <= before
     assert within == (after == 0)
+
+
+@PROPERTY
+@given(packings())
+def test_a_spill_packs_within_the_cap_and_moves_only_what_was_over(case):
+    sizes, bin_of, bins, cap = case
+    before = bin_of.copy()
+    load = np.bincount(before, weights=sizes, minlength=bins)
+    over = (load > cap) & (np.bincount(before, minlength=bins) > 1)
+    total = spill(bin_of, sizes, bins, cap)
+    assert _excess(bin_of, sizes, total, cap) == 0
+    assert (np.bincount(bin_of, minlength=total) > 0).all() and bin_of.max() == total - 1
+    moved = bin_of != before
+    assert over[before[moved]].all() and (bin_of[moved] >= bins).all()
+    assert total == bins + (0 if not moved.any() else len(set(bin_of[moved].tolist())))
+
+
+def test_a_count_the_search_cannot_pack_sheds_into_the_count_above_it(monkeypatch):
+    # 800 GRPO samples, cap 8,192, dp1: K_lb 311, first-fit decreasing needs 316, and the
+    # count oracle packs 314 but not 313. The search's repairs of 313 stop over the cap; their
+    # excess shed into new bins packs 314. Without the spill the bisection's budget runs out
+    # above it: 315.
+    lengths = lengths_of("grpo", np.random.default_rng(67), 800, 8192)
+    assert microbatch_lower_bound(lengths, 8192, 1, 1) == 311
+
+    def count() -> int:
+        strategy = DynamicBatching(ParallelLayout(dp=1), None, 8192)
+        step = strategy.plan(lengths.tolist(), list(range(800))).steps[0]
+        return step.num_microbatches
+
+    assert count() == 314
+    monkeypatch.setattr(balanced, "spill", lambda bin_of, sizes, bins, cap: len(sizes) + 1)
+    assert count() == 315
 
 
 def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
