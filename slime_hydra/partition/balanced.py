@@ -641,9 +641,9 @@ class BalancedPacker:
         of the bisection where it is below it. The repairs share one budget of their own
         (`_repairs`), so a count that cannot be packed leaves the balancing its budget, and
         the search costs at most that in exchanges besides its constructions and the first
-        cut repairs; at FFD's own count the balanced
-        construction repaired (within the step's `budget`) and largest fit still go first:
-        FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
+        cut repairs; at FFD's own count the balanced construction repaired (within the
+        step's `budget`) and largest fit still go first: FFD fills its bins to the cap and
+        leaves its last ones nearly empty. The plan found
         is then balanced within `work`: exchanges with half of it; where they stop above the
         goal, by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached;
         exchanges again; where the heaviest bin still ends over the tolerance, the refit

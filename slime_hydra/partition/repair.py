@@ -123,10 +123,10 @@ def spill(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int) -> int:
     if items.size == 0:
         return bins
     items = items[ascending_by(bin_of[items], sizes[items])]  # by bin, smallest first
-    size = sizes[items].astype(np.int64)
-    first = np.flatnonzero(np.concatenate(([True], bin_of[items][1:] != bin_of[items][:-1])))
+    size, where = sizes[items].astype(np.int64), bin_of[items]
+    first = np.flatnonzero(np.concatenate(([True], where[1:] != where[:-1])))
     end = np.append(first[1:], items.size)
-    excess = load[bin_of[items[first]]] - cap
+    excess = load[where[first]] - cap
     seg = np.repeat(np.arange(first.size), end - first)
     # Each bin's smallest item of at least its excess, by one search over (bin, size) keys.
     keys = seg * (cap + 1) + size
