@@ -9,10 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work, balanced
+from slime_hydra.partition import repair as repair_module
 from slime_hydra.partition.balanced import fit_rounds
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.repair import pass_visits, repair, spill
-from slime_hydra.schedule import DynamicBatching, ParallelLayout
+from slime_hydra.partition.exchange import Exchanges, apply_exchanges
+from slime_hydra.partition.repair import _chains, pass_visits, repair, spill
+from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
 from slime_hydra.schedule.metrics import microbatch_lower_bound
 from tests.families import lengths_of
 
@@ -58,13 +60,14 @@ def test_a_second_pass_sees_where_the_first_moved_the_items():
     # and leave 15). The second pass starts from {9, 6}, 3 over, beside {10}: nothing lowers
     # it (25 tokens do not fit 24). The kick moves the 6 to {10} (4 over), the next pass moves
     # it back (3 over): no lower than the stall, so the repair fails with the packing of the
-    # stall, the swap made, the 6 in bin 1: four passes.
+    # stall, the swap made, the 6 in bin 1: four passes, and at both stalls a search for
+    # chains, which finds none (no item is 3 below the 9 or the 6 outside their bin).
     sizes = np.array([10, 9, 6])
     bin_of = np.array([1, 1, 0])
     work = Work(10**6)
     assert not repair(bin_of, sizes, 2, 12, work)
     assert bin_of.tolist() == [0, 1, 1]
-    assert work.spent == 4 * (pass_visits(2, 3 + 2) + PASS_OVERHEAD)
+    assert work.spent == 6 * (pass_visits(2, 3 + 2) + PASS_OVERHEAD)
 
 
 def test_a_stall_kicks_its_smallest_item_to_the_roomiest_bin_and_the_repair_goes_on():
@@ -72,13 +75,29 @@ def test_a_stall_kicks_its_smallest_item_to_the_roomiest_bin_and_the_repair_goes
     # 8), leaving {5, 10} 1 over beside {1, 3, 7, 2}, room 1: no item fits it, no swap shifts
     # 1 (nothing of 4 or 9). The kick moves the 5 there (4 over), and two passes move the 3
     # and the 1 back: {10, 3, 1} and {5, 7, 2}, both at the cap; without the kick it stops 1
-    # over. Four passes: the heavy bins held 5, 2, 5 and 4 items.
+    # over. Four passes: the heavy bins held 5, 2, 5 and 4 items; and at the stall a search
+    # for chains (heavy bin of 2 items), which finds none: no third bin to pass a shift on to.
     sizes = np.array([5, 1, 3, 10, 7, 2])
     bin_of = np.array([0, 1, 1, 1, 1, 1])
     work = Work(10**6)
     assert repair(bin_of, sizes, 2, 14, work)
     assert bin_of.tolist() == [1, 0, 0, 0, 1, 1]
-    assert work.spent == sum(pass_visits(h, 6 + 2) + PASS_OVERHEAD for h in (5, 2, 5, 4))
+    assert work.spent == sum(pass_visits(h, 6 + 2) + PASS_OVERHEAD for h in (5, 2, 5, 4, 2))
+
+
+def test_a_stall_passes_the_excess_through_a_bin_at_the_cap_to_one_with_room():
+    # Cap 30: {12, 10, 9} is 1 over; {11, 19} is at the cap; {18, 4, 7} has room 1. No
+    # exchange with {18, 4, 7} ends the excess (each shifts 2 or more into a room of 1). The
+    # chain: the 12 swaps with the 11 (a shift of 1: {11, 10, 9} at the cap), and {12, 19},
+    # now 1 over, passes it on: its 19 swaps with the 18 (room 1). Every bin ends at the cap.
+    # One pass over the 6 items and 2 bins not at the cap, one search for chains over all 8
+    # items and 3 bins, both with the 3 heavy items.
+    sizes = np.array([12, 10, 9, 11, 19, 18, 4, 7])
+    bin_of = np.array([0, 0, 0, 1, 1, 2, 2, 2])
+    work = Work(10**6)
+    assert repair(bin_of, sizes, 3, 30, work)
+    assert bin_of.tolist() == [1, 0, 0, 0, 2, 1, 2, 2]
+    assert work.spent == pass_visits(3, 6 + 2) + pass_visits(3, 8 + 3) + 2 * PASS_OVERHEAD
 
 
 def test_a_zero_budget_starts_no_pass_and_a_lone_item_over_the_cap_needs_none():
@@ -95,7 +114,9 @@ def test_kicks_that_lower_the_excess_too_little_for_the_budget_stop_at_the_secon
     # rounds: the passes stall 3,532 tokens over; a kick, and the next stall is 3,529 over, 3
     # tokens for a kick's cycle, at which rate the budget left (200 visits a sample) cannot
     # remove the rest. Before this stop the kicks crept on to 3,180 over in six cycles, for
-    # 158,004 of the 163,000 visits; now the repair ends there, after 32,272.
+    # 158,004 of the 163,000 visits; now the repair ends there, after 47,502 (32,272 and a
+    # search for chains at each stall: both find some, none that end the excess, which is
+    # all a repair too slow to end it takes).
     rng = np.random.default_rng([15, 77])
     n = int(rng.integers(200, 1200))
     sizes = lengths_of("truncated", rng, n, 4096)
@@ -103,7 +124,7 @@ def test_kicks_that_lower_the_excess_too_little_for_the_budget_stop_at_the_secon
     bin_of = fit_rounds(sizes, bins, 4096)
     work = Work(200 * n)
     assert not repair(bin_of, sizes, bins, 4096, work)
-    assert work.spent < 40_000
+    assert work.spent < 50_000
     assert _excess(bin_of, sizes, bins, 4096) <= 3_532
     assert (np.bincount(bin_of, minlength=bins) > 0).all()
 
@@ -153,6 +174,25 @@ def test_a_repair_keeps_every_bin_and_its_budget_and_never_adds_excess(case, bud
 
 @PROPERTY
 @given(packings())
+def test_chains_leave_every_bin_they_touch_within_the_cap_and_every_count_as_it_was(case):
+    sizes, bin_of, bins, cap = case
+    load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
+    counts = np.bincount(bin_of, minlength=bins)
+    over = np.flatnonzero((load > cap) & (counts > 1))
+    ex = _chains(bin_of, sizes, load, over, cap)
+    moved = np.concatenate((ex.give, ex.take))
+    assert (ex.take >= 0).all() and np.unique(moved).size == moved.size  # swaps, each item once
+    assert (bin_of[ex.give] == ex.heavy).all() and (bin_of[ex.take] == ex.light).all()
+    before = _excess(bin_of, sizes, bins, cap)
+    apply_exchanges(ex, bin_of, sizes, load, counts)
+    touched = np.concatenate((ex.heavy, ex.light))
+    assert (load[touched] <= cap).all()
+    assert (np.bincount(bin_of, minlength=bins) == counts).all()
+    assert _excess(bin_of, sizes, bins, cap) < before or ex.give.size == 0
+
+
+@PROPERTY
+@given(packings())
 def test_a_spill_packs_within_the_cap_and_moves_only_what_was_over(case):
     sizes, bin_of, bins, cap = case
     before = bin_of.copy()
@@ -166,19 +206,24 @@ def test_a_spill_packs_within_the_cap_and_moves_only_what_was_over(case):
     assert total == bins + (0 if not moved.any() else len(set(bin_of[moved].tolist())))
 
 
-def test_a_count_the_search_cannot_pack_sheds_into_the_count_above_it(monkeypatch):
+def test_chains_and_the_spill_each_lower_the_count_the_search_ends_at(monkeypatch):
     # 800 GRPO samples, cap 8,192, dp1: K_lb 311, first-fit decreasing needs 316, and the
-    # count oracle packs 314 but not 313. The search's repairs of 313 stop over the cap; their
-    # excess shed into new bins packs 314. Without the spill the bisection's budget runs out
-    # above it: 315.
+    # count oracle packs 314 but not 313. The repairs' chains through bins at the cap pack 313.
+    # Without chains the search's repairs of 313 stop over the cap; their excess shed into new
+    # bins packs 314. Without the spill too the bisection's budget runs out above it: 315.
     lengths = lengths_of("grpo", np.random.default_rng(67), 800, 8192)
     assert microbatch_lower_bound(lengths, 8192, 1, 1) == 311
 
     def count() -> int:
         strategy = DynamicBatching(ParallelLayout(dp=1), None, 8192)
         step = strategy.plan(lengths.tolist(), list(range(800))).steps[0]
+        assert not step_metrics(step, lengths.tolist(), 8192, ParallelLayout(dp=1), (1.0, 0.0))[
+            "batch/cap_violations"
+        ]
         return step.num_microbatches
 
+    assert count() == 313
+    monkeypatch.setattr(repair_module, "_chains", lambda *args: Exchanges.none(0))
     assert count() == 314
     monkeypatch.setattr(balanced, "spill", lambda bin_of, sizes, bins, cap: len(sizes) + 1)
     assert count() == 315
