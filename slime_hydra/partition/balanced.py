@@ -261,6 +261,15 @@ def largest_fit(vals: np.ndarray, room: np.ndarray) -> np.ndarray:
     while left.size:
         open_bins = open_bins[room[open_bins] >= vals[left[0]]]
         by_room = open_bins[ascending(-room[open_bins])]
+        if by_room.size and room[by_room[-1]] >= vals[left[-1]]:
+            # Every bin takes the largest item left: the j-th roomiest the j-th largest, no
+            # search (few bins and many items fill in many such rounds).
+            m = min(by_room.size, left.size)
+            items = left[left.size - m :][::-1]
+            got[items] = by_room[:m]
+            room[by_room[:m]] -= vals[items]
+            left = left[: left.size - m]
+            continue
         step = np.arange(by_room.size)
         want = count_at_most(vals[left], room[by_room]) - 1
         pick = np.minimum.accumulate(want + step) - step

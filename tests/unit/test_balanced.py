@@ -9,7 +9,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work, balanced
-from slime_hydra.partition.balanced import construct, even_groups, fit_rounds, improve
+from slime_hydra.partition.balanced import (
+    construct,
+    even_groups,
+    fit_rounds,
+    improve,
+    largest_fit,
+)
 from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
@@ -561,3 +567,48 @@ def test_a_refit_packs_within_the_tolerance_and_its_budget_or_leaves_the_packing
     top = np.bincount(refit, weights=sizes, minlength=bins).max()
     assert top <= (1 + packer.tolerance) * max_part_lower_bound(sizes, bins)
     assert top < np.bincount(before, weights=sizes, minlength=bins).max()
+
+
+def test_largest_fit_deals_the_largest_items_to_the_roomiest_bins_while_all_fit_anywhere():
+    # Rooms 10, 8, 9 and items 1, 1, 2, 2, 3: every room holds the largest item, so the roomiest
+    # bin takes the 3, the next two the 2s (the later one first); rooms 7, 6, 7. Then bin 0 and
+    # bin 2 (equal rooms: by index) take the 1s, the later one first.
+    room = np.array([10, 8, 9])
+    assert largest_fit(np.array([1, 1, 2, 2, 3]), room).tolist() == [2, 0, 1, 2, 0]
+    assert room.tolist() == [6, 6, 6]
+
+
+def test_largest_fit_gives_each_bin_the_largest_item_that_fits_and_no_roomier_bin_took():
+    # Rooms 10 and 6, items 1, 2, 3, 4, 5, 9: bin 0 takes the 9, bin 1 the 5 (rooms 1, 1); then
+    # bin 0 takes the 1 and bin 1 nothing, and no room holds a 2.
+    room = np.array([10, 6])
+    assert largest_fit(np.array([1, 2, 3, 4, 5, 9]), room).tolist() == [0, -1, -1, -1, 1, 0]
+    assert room.tolist() == [0, 1]
+
+
+def _largest_fit_by_hand(vals: list[int], room: list[int]) -> tuple[list[int], list[int]]:
+    """largest_fit's rule item by item: in rounds, each bin, roomiest first (ties by bin),
+    takes the largest item left (ties: the later) that fits, until no bin takes one."""
+    got, left, room = [-1] * len(vals), list(range(len(vals))), list(room)
+    while True:
+        took = False
+        for b in sorted(range(len(room)), key=lambda b: (-room[b], b)):
+            fits = [i for i in left if vals[i] <= room[b]]
+            if fits:
+                got[fits[-1]], took = b, True
+                room[b] -= vals[fits[-1]]
+                left.remove(fits[-1])
+        if not took:
+            return got, room
+
+
+@PROPERTY
+@given(
+    st.lists(st.integers(1, 40), min_size=1, max_size=60),
+    st.lists(st.integers(0, 120), min_size=1, max_size=8),
+)
+def test_largest_fit_is_its_rule_item_by_item(vals, rooms):
+    vals = sorted(vals)
+    room = np.array(rooms)
+    got = largest_fit(np.array(vals), room)
+    assert (got.tolist(), room.tolist()) == _largest_fit_by_hand(vals, rooms)
