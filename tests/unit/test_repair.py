@@ -12,6 +12,7 @@ from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition import repair as repair_module
 from slime_hydra.partition.balanced import fit_rounds
 from slime_hydra.partition.base import PASS_OVERHEAD
+from slime_hydra.partition.deal import ascending
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.repair import _chains, pass_visits, repair, spill
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
@@ -179,7 +180,7 @@ def test_chains_leave_every_bin_they_touch_within_the_cap_and_every_count_as_it_
     load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
     counts = np.bincount(bin_of, minlength=bins)
     over = np.flatnonzero((load > cap) & (counts > 1))
-    ex = _chains(bin_of, sizes, load, over, cap)
+    ex = _chains(ascending(sizes), bin_of, sizes, load, over, cap, whole=False)
     moved = np.concatenate((ex.give, ex.take))
     assert (ex.take >= 0).all() and np.unique(moved).size == moved.size  # swaps, each item once
     assert (bin_of[ex.give] == ex.heavy).all() and (bin_of[ex.take] == ex.light).all()
@@ -223,7 +224,7 @@ def test_chains_and_the_spill_each_lower_the_count_the_search_ends_at(monkeypatc
         return step.num_microbatches
 
     assert count() == 313
-    monkeypatch.setattr(repair_module, "_chains", lambda *args: Exchanges.none(0))
+    monkeypatch.setattr(repair_module, "_chains", lambda *args, whole: Exchanges.none(0))
     assert count() == 314
     monkeypatch.setattr(balanced, "spill", lambda bin_of, sizes, bins, cap: len(sizes) + 1)
     assert count() == 315
