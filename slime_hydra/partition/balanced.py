@@ -32,7 +32,7 @@ import numpy as np
 
 from slime_hydra.partition.base import PASS_OVERHEAD, Work
 from slime_hydra.partition.bounds import max_part_lower_bound
-from slime_hydra.partition.deal import ascending, count_at_most, descending
+from slime_hydra.partition.deal import ascending, count_at_most, descending, run_starts
 from slime_hydra.partition.exchange import (
     Exchanges,
     apply_exchanges,
@@ -61,10 +61,14 @@ bound was 1.071 with 1 partner, 1.051 with 4 and 1.087 with 8 (the partners of t
 bin spread wider)."""
 
 NEAR_PASSES = 4
-"""Whole-step passes (of `partition.repair`) the refit gives the plan as it is before it packs
-the step again: where balancing stopped just over the tolerance a few exchanges end it (a
-truncated step of 4,096 samples on dp32 at 1.0109 of its bound: 0.6 ms, where largest fit's
-refit took 8 ms), and where it stopped far over they fail fast."""
+"""What the refit gives the plan as it is (`partition.repair`) before it packs the step again,
+in passes of one visit a sample (NEAR_PASSES × (n + PASS_OVERHEAD) visits): where balancing
+stopped just over the tolerance a few exchanges end it (a truncated step of 4,096 samples on
+dp32 at 1.0109 of its bound: 0.6 ms, where largest fit's refit took 8 ms), and where it stopped
+far over they fail fast. A pass over many heavy items costs more than that, so there the plan
+gets none; sized by the heavy items' pass cost instead, steps over 1.01 of their bound rose
+from 4 to 12 of 456 (docs/planner.md, twenty-first round): the near repair rarely packs there
+and spends what largest fit's refit needs."""
 
 
 def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
@@ -593,7 +597,7 @@ def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k
     d = ex.shift(weights)
     kept = np.minimum(d, gap - d)
     order = np.lexsort((ex.heavy, -kept, group))
-    first = order[np.concatenate(([True], group[order][1:] != group[order][:-1]))]
+    first = order[run_starts(group[order])]
     return Exchanges(ex.heavy[first], ex.light[first], ex.give[first], ex.take[first], ex.visited)
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slime_hydra.partition.deal import sort_values
+from slime_hydra.partition.deal import run_starts, sort_values
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,7 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     nsmall = int(np.searchsorted(w, cap // 2, side="right"))  # items <= cap/2
     small, big = w[:nsmall], w[nsmall:]
     # a = 0, then each distinct small size, first at position `first` of `small`.
-    first = np.flatnonzero(np.concatenate(([True], small[1:] != small[:-1])))[: small.size]
+    first = np.flatnonzero(run_starts(small))
     a = np.concatenate(([0], small[first]))
     first = np.concatenate(([0], first))
     # J3: small items >= a (sorted, so a suffix); J2: big items <= cap - a (a prefix of big).

@@ -3,6 +3,7 @@
 - `ascending`, `sort_values`: lightest first, by 16-bit radix keys where the span fits (in
   two passes for `ascending`, up to a span of 2^32); `ascending_by` of two keys as one.
 - `count_at_most`: searchsorted's right side by a table of running counts where it is cheaper.
+- `run_starts`: where each run of equal values starts (of sorted values, each distinct one).
 - `descending`: item order heaviest first, ties by index, from unique sort keys, so every
   machine (whatever numpy's sort kernel) gets the same order.
 - `split_even`: rounds of G items, heaviest first; in each round the heaviest item goes to the
@@ -83,6 +84,14 @@ def count_at_most(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
     low = int(values[0])
     table = np.concatenate(([0], np.cumsum(np.bincount(values - low))))
     return table[np.clip(keys - low + 1, 0, table.size - 1)]
+
+
+def run_starts(values: np.ndarray) -> np.ndarray:
+    """A mask of the places where a run of equal values starts, the first place included: of
+    values sorted, where each distinct value first appears (empty for no values)."""
+    starts = np.ones(values.size, dtype=bool)
+    np.not_equal(values[1:], values[:-1], out=starts[1:])
+    return starts
 
 
 def descending(weights: np.ndarray) -> np.ndarray:

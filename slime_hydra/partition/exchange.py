@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from slime_hydra.partition.deal import ascending, ascending_by
+from slime_hydra.partition.deal import ascending, ascending_by, run_starts
 
 WINDOW = (-2, -1, 0, 1)  # candidates around the ideal partner: the two below and two above
 
@@ -138,11 +138,11 @@ def best_exchanges(
         return Exchanges.none(visited)
     err = np.abs(shift - np.minimum(gap[pair_of] // 2, room[pair_of]))
     best = ascending_by(pair_of, err)  # ties by `pick`, which is ascending
-    first = best[np.concatenate(([True], pair_of[best][1:] != pair_of[best][:-1]))]
+    first = best[run_starts(pair_of[best])]
     row, pairs, shift, take = row[first], pair_of[first], shift[first], take[first]  # one a pair
     kept = np.minimum(shift, gap[pairs] - shift)  # how far the pair's heavier side comes down
     by_bin = ascending_by(heavy[pairs], int(kept.max()) - kept)  # most kept first; ties by pair
-    once = by_bin[np.concatenate(([True], heavy[pairs][by_bin][1:] != heavy[pairs][by_bin][:-1]))]
+    once = by_bin[run_starts(heavy[pairs][by_bin])]
     return Exchanges(
         heavy=heavy[pairs[once]],
         light=light[pairs[once]],
@@ -185,7 +185,7 @@ def bulk_moves(
     visited = bulk_visits(hi.size, len(bin_of))
     order = ascending_by(p, values[hi])  # ties by item: `_members` gives a pair's ascending
     hi, p = hi[order], p[order]
-    starts = np.flatnonzero(np.concatenate(([True], p[1:] != p[:-1])))
+    starts = np.flatnonzero(run_starts(p))
     start = np.repeat(starts, np.diff(np.append(starts, p.size)))  # of each item's pair
     v_sum = np.cumsum(values[hi])
     s_sum = np.cumsum(sizes[hi])

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from slime_hydra.partition.base import Parts
-from slime_hydra.partition.deal import ascending
+from slime_hydra.partition.deal import ascending, run_starts
 
 
 def first_fit(
@@ -57,7 +57,7 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
         return np.zeros(0, dtype=np.int64)
     order = ascending(sizes)
     asc = sizes[order]
-    first = np.flatnonzero(np.concatenate(([True], asc[1:] != asc[:-1])))
+    first = np.flatnonzero(run_starts(asc))
     counts = np.diff(np.append(first, n))
     d = first.size
     upto = np.searchsorted(asc[first], np.arange(cap + 1), side="right").tolist()

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from slime_hydra.partition.base import PASS_OVERHEAD, Work
-from slime_hydra.partition.deal import ascending, ascending_by, descending
+from slime_hydra.partition.deal import ascending, ascending_by, descending, run_starts
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.greedy import first_fit_decreasing
 
@@ -147,7 +147,7 @@ def spill(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int) -> int:
         return bins
     items = items[ascending_by(bin_of[items], sizes[items])]  # by bin, smallest first
     size, where = sizes[items].astype(np.int64), bin_of[items]
-    first = np.flatnonzero(np.concatenate(([True], where[1:] != where[:-1])))
+    first = np.flatnonzero(run_starts(where))
     end = np.append(first[1:], items.size)
     excess = load[where[first]] - cap
     seg = np.repeat(np.arange(first.size), end - first)
@@ -276,7 +276,7 @@ def _exchanges(
     row = np.arange(hi.size)
     # The rows by heavy bin, then item, once a pass: each round takes each bin's best row.
     by_bin = ascending_by(heavy, hi)
-    first = np.flatnonzero(np.concatenate(([True], heavy[by_bin][1:] != heavy[by_bin][:-1])))
+    first = np.flatnonzero(run_starts(heavy[by_bin]))
     rows_of = np.diff(np.append(first, hi.size))
     used = np.zeros(len(load), dtype=bool)  # bins in an exchange chosen this pass
     parts = []
@@ -290,9 +290,9 @@ def _exchanges(
         keep = by_bin[(in_bin == top) & (top > 0)]
         if keep.size == 0:
             break
-        keep = keep[np.concatenate(([True], heavy[keep][1:] != heavy[keep][:-1]))]
+        keep = keep[run_starts(heavy[keep])]
         keep = keep[np.lexsort((hi[keep], -best[keep], to_c[keep]))]
-        keep = keep[np.concatenate(([True], to_c[keep][1:] != to_c[keep][:-1]))[: keep.size]]
+        keep = keep[run_starts(to_c[keep])]
         used[heavy[keep]] = used[to_c[keep]] = True
         parts.append((heavy[keep], to_c[keep], hi[keep], take_c[keep]))
     if not parts:
@@ -376,7 +376,7 @@ def _chains(
         if free.size == 0:
             break
         by_bin = ascending(hb[free])  # each heavy bin's candidates, first first
-        starts = np.concatenate(([True], hb[free][by_bin][1:] != hb[free][by_bin][:-1]))
+        starts = run_starts(hb[free][by_bin])
         free = free[np.sort(by_bin[starts])]  # each heavy bin's first, in order
         # A bin serves the first chain that claims it (as F or L); a chain that loses one drops.
         claims = np.concatenate((fb[free], lb[free]))

@@ -11,11 +11,18 @@ from slime_hydra.partition.deal import (
     ascending_by,
     count_at_most,
     descending,
+    run_starts,
     sort_values,
     split_even,
 )
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_run_starts_marks_where_each_run_of_equal_values_starts():
+    assert run_starts(np.array([4, 4, 2, 7, 7, 7, 4])).tolist() == [1, 0, 1, 1, 0, 0, 1]
+    assert run_starts(np.array([9])).tolist() == [True]
+    assert run_starts(np.zeros(0, dtype=np.int64)).size == 0
 
 
 def test_descending_breaks_ties_by_index():
