@@ -343,7 +343,7 @@ def _chains(
     passed, partner = _passable(size, bin_, light, room)
     # Each bin's two items that pass on the most: F passes on with the best one that is not y.
     by = ascending_by(bin_, passed)
-    last = np.flatnonzero(np.append(bin_[by][1:] != bin_[by][:-1], True))
+    last = np.flatnonzero(np.append(run_starts(bin_[by])[1:], True))  # each bin's best
     has, second = bin_[by][last], last - 1
     two = (second >= 0) & (bin_[by][np.maximum(second, 0)] == has)
     best = np.full((2, load.size), -1, dtype=np.int64)  # places in `order`
@@ -383,13 +383,12 @@ def _chains(
         owner = np.tile(np.arange(free.size), 2)
         claimed = claims >= 0
         claims, owner = claims[claimed], owner[claimed]
-        by = np.lexsort((owner, claims))
-        lost = np.concatenate(([False], claims[by][1:] == claims[by][:-1]))
+        by_claim = np.lexsort((owner, claims))
         won = np.ones(free.size, dtype=bool)
-        won[owner[by][lost]] = False
+        won[owner[by_claim][~run_starts(claims[by_claim])]] = False
         keep = free[won]
-        used[hb[keep]] = used[fb[keep]] = used[lb[keep]] = True
-        used[-1] = False
+        used[hb[keep]] = used[fb[keep]] = True
+        used[lb[keep][lb[keep] >= 0]] = True
         chosen.append(keep)
     if not chosen:
         return Exchanges.none(0)
