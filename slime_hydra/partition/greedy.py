@@ -93,16 +93,22 @@ def first_fit_decreasing(sizes: np.ndarray, cap: int) -> np.ndarray:
                 p = below[p]
             if p == 0:
                 break
-            left[p] -= 1
+            s = size[p]
+            if left[p] > 1 and room >= 2 * s:  # the size goes on fitting while its items last
+                take = min(left[p], room // s)
+                placed[nxt[p] - take + 1 : nxt[p] + 1] = [bins] * take
+            else:
+                take = 1
+                placed[nxt[p]] = bins
+            left[p] -= take
             if left[p] == 0:
                 below[p] = p - 1
-            placed[nxt[p]] = bins
-            nxt[p] -= 1
-            room -= size[p]
+            nxt[p] -= take
+            room -= take * s
             if times:
                 if uses[p] == 0:
                     touched.append(p)
-                uses[p] += 1
+                uses[p] += take
                 if left[p] < times * uses[p]:
                     times = left[p] // uses[p]
                     if times == 0:

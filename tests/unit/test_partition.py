@@ -64,11 +64,19 @@ def test_first_fit_decreasing_repeats_a_bin_while_its_sizes_last():
     assert first_fit_decreasing(sizes, 10).tolist() == [2, 1, 0, 2, 1, 0, 4, 3, 3, 3]
 
 
+def test_first_fit_decreasing_takes_a_size_as_often_as_it_fits_at_once():
+    # Bin 0: the 8, a 3 (of highest index), a 1 (the same). Bin 1: the other two 3s leave 6,
+    # which six of the seven 1s left fill, the highest first; the last 1 opens bin 2.
+    sizes = np.array([8, 3, 3, 3, *[1] * 8])
+    assert first_fit_decreasing(sizes, 12).tolist() == [0, 1, 1, 0, 2, *[1] * 6, 0]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.one_of(
         st.lists(st.integers(1, 100), min_size=1, max_size=200),
         st.lists(st.integers(20, 45), min_size=1, max_size=300),  # few sizes: bins repeat
+        st.lists(st.integers(1, 6), min_size=1, max_size=300),  # many of a size a bin
     ),
     st.integers(100, 250),
 )
