@@ -16,7 +16,9 @@ the total excess falls every pass.
 
 Where no exchange lowers the excess (a stall), chains through the bins at the cap are searched
 (`_chains`): an over-cap bin swaps an item for one smaller by at least its excess from any bin,
-which passes what it is then over by on to a bin with room by a swap of its own. Bins at the
+which passes what it is then over by on to a bin with room by a swap of its own (the partners
+tried: the items just below the heavy one, and the smallest of all whose bin holds or passes on
+the shift, found by one running maximum). Bins at the
 cap hold most of a near-full step, and a pass's exchanges, between bins over the cap and bins
 with room, never reach them: the last few tokens over (1-30 over a bin or three, after a
 million visits on 16k samples) then end in a chain. Chains are searched only where the stall
@@ -26,7 +28,7 @@ a chain, took 88 ms where 61 without; the same counts on the steps below). On 45
 fresh seeds (60 near-full steps and 16 GRPO and truncated steps at 4k and 16k on dp32 each) the
 chains left 235 micro-batches above K_lb where the repair alone left 250, none more on any
 step; an 800 sample GRPO step on dp1 packs 313, which the count oracle of bench_planner could
-not.
+not. The smallest partner that reaches, besides those just below, left 231 (4 steps lower).
 Where no chain is found either, or the budget left, at the last pass's rate, cannot remove the
 excess (passes only slow down as the easy exchanges are made; then only chains that end it are
 taken), a kick moves each over-cap bin's smallest item to one of the roomiest bins, and the
@@ -307,9 +309,9 @@ def _live(bin_of: np.ndarray, load: np.ndarray, cap: int) -> tuple[np.ndarray, n
 
 
 CHAIN_WINDOW = 8
-"""Partners each heavy item tries in a chain: the largest items at least its bin's excess
-below it. On the 456 steps of the module docstring 4 left 244 micro-batches above K_lb, 8 and
-16 left 235 (16 at 10% more plan time)."""
+"""Partners each heavy item tries in a chain besides the smallest that reaches: the largest
+items at least its bin's excess below it. On the 456 steps of the module docstring 4 left 244
+micro-batches above K_lb, 8 and 16 left 235 (16 at 10% more plan time), without that one."""
 CHAIN_ROUNDS = 8
 """Choices a search for chains makes: chains that lost a bin to one before them choose again
 among the bins left. On the same steps 3 rounds left 238 micro-batches above K_lb, 8 and 32
@@ -330,11 +332,13 @@ def _chains(
     cap: a heavy bin (over the cap by e) swaps an item x for a smaller y (x - y >= e, so it
     ends within the cap) of a bin F that has room for x - y, or that passes what it is then
     over by on: one of its other items x' swaps with a smaller y' of a bin L with room for
-    x' - y' (`_passable`). Every bin of a chain ends within the cap; one chain per heavy bin,
-    no bin in two, chosen in CHAIN_ROUNDS rounds (the largest excess first, each the smallest shift
-    x - y that works; a chain that loses a bin to one before it tries again in the next
-    round). With `whole`, only chains that end every heavy bin's excess, else none. `order`:
-    every item, smallest first."""
+    x' - y' (`_passable`). The y tried: the CHAIN_WINDOW largest at most x - e, and the
+    smallest of all whose bin F takes x for it (y + F's room + what F's best other item
+    passes on >= x: the first place where the running maximum of that reaches x). Every bin
+    of a chain ends within the cap; one chain per heavy bin, no bin in two, chosen in
+    CHAIN_ROUNDS rounds (the largest excess first, each the smallest shift x - y that works; a
+    chain that loses a bin to one before it tries again in the next round). With `whole`, only
+    chains that end every heavy bin's excess, else none. `order`: every item, smallest first."""
     room = cap - load
     size, bin_ = sizes[order], bin_of[order]
     light = np.flatnonzero(room[bin_] > 0)  # places in `order`, smallest first
@@ -354,6 +358,15 @@ def _chains(
     x, h = size[heavy], bin_[heavy]
     excess = load[h] - cap
     y = np.searchsorted(size, x - excess, side="right")[:, None] - 1 - np.arange(CHAIN_WINDOW)
+    # And the smallest y of all whose bin takes x for it: x <= y + its room + what the bin's
+    # best other item passes on (bins over the cap take nothing).
+    other = np.where(best[0, bin_] == np.arange(size.size), best[1, bin_], best[0, bin_])
+    carry = np.where(other >= 0, passed[np.maximum(other, 0)], 0)
+    reach = np.maximum.accumulate(
+        np.where(is_over[bin_], -1, size + np.maximum(room[bin_], 0) + carry)
+    )
+    least = np.minimum(np.searchsorted(reach, x), size.size - 1)
+    y = np.concatenate((y, np.where(size[least] <= x - excess, least, -1)[:, None]), axis=1)
     ok = y >= 0
     y = np.maximum(y, 0)
     f = bin_[y]

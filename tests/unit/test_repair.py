@@ -101,6 +101,23 @@ def test_a_stall_passes_the_excess_through_a_bin_at_the_cap_to_one_with_room():
     assert work.spent == pass_visits(3, 6 + 2) + pass_visits(3, 8 + 3) + 2 * PASS_OVERHEAD
 
 
+def test_a_chain_reaches_past_the_items_just_below_the_heavy_ones():
+    # Cap 100: {47, 54} is 1 over; {5, 54} has room 41, too little for a move or a swap that
+    # ends the excess. Eight bins at the cap, {d, 100 - d} for d = 39..46, hold the items
+    # just below 47 and 54: a swap with d leaves its bin 47 - d over, more than its other
+    # item passes on (it swaps with the 54 of room 41: 46 - d). Beyond them, {30, 38, 32}
+    # at the cap takes the 47 for its 30 (17 over) and passes that on: its 38 for the 5.
+    decoys = [size for d in range(39, 47) for size in (d, 100 - d)]
+    sizes = np.array([47, 54, 30, 38, 32, 5, 54, *decoys])
+    bin_of = np.array([0, 0, 1, 1, 1, 2, 2, *np.repeat(np.arange(3, 11), 2)])
+    load = np.bincount(bin_of, weights=sizes, minlength=11).astype(np.int64)
+    ex = _chains(ascending(sizes), bin_of, sizes, load, np.array([0]), 100, whole=False)
+    assert list(zip(ex.heavy, ex.light, sizes[ex.give], sizes[ex.take], strict=True)) == [
+        (0, 1, 47, 30),
+        (1, 2, 38, 5),
+    ]
+
+
 def test_a_zero_budget_starts_no_pass_and_a_lone_item_over_the_cap_needs_none():
     sizes = np.array([6, 5, 1])
     bin_of = np.array([0, 0, 1])
