@@ -116,6 +116,8 @@ def split_even(weights: np.ndarray, groups: int, tolerance: float = 0.0) -> np.n
     `tolerance` of the mean."""
     n = len(weights)
     order = descending(weights)
+    if groups == 1:  # one group holds every item: nothing to deal
+        return order[:, None]
     rounds = -(-n // groups)
     pad = rounds * groups - n
     idx = np.concatenate((order, np.full(pad, -1, dtype=np.int64))).reshape(rounds, groups)
