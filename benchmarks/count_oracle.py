@@ -3,7 +3,7 @@ whole-step repair (partition.repair) with a budget of PASSES passes, from two st
 bench_planner to tell its misses of K_lb from counts nobody can reach. A packing found is
 checked, so "found" proves a plan exists at that count; "not found" proves nothing.
 
-The starts are first-fit decreasing's packing cut to the count (partition.balanced.cut_to) and
+The starts are first-fit decreasing's packing cut to the count (partition.construct.cut_to) and
 largest fit in rounds (fit_rounds). On GRPO steps 98-99% full where the planner's paired repair
 stalls thousands of tokens over the cap, this packs K_lb (docs/planner.md, tenth round); the
 planner's count search runs the same repair on the same starts (on largest fit's after its
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from slime_hydra.partition.balanced import cut_to, fit_rounds
 from slime_hydra.partition.base import PASS_OVERHEAD, Work
+from slime_hydra.partition.construct import cut_to, fit_rounds
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.repair import pass_visits, repair
 

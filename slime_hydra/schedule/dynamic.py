@@ -21,7 +21,7 @@ One algorithm for every step, its work bounded:
    16-32k heads, the packing copied), so its search and balancing cost what 16k samples' do.
 3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
-   their micro-batches (partition.balanced.even_groups). Balancing the micro-batches may spend
+   their micro-batches (partition.ranks.even_groups). Balancing the micro-batches may spend
    MICROBATCH_SHARE of the step's work budget and `budget_per_sample` for each sample, evening
    the ranks the rest of the step's budget.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
@@ -41,10 +41,11 @@ from enum import StrEnum
 import numpy as np
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition.balanced import BalancedPacker, even_groups
+from slime_hydra.partition.balanced import BalancedPacker
 from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
 from slime_hydra.partition.multifit import VISITS_PER_ITEM
+from slime_hydra.partition.ranks import even_groups
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
 from slime_hydra.schedule.schedule import StepSchedule

@@ -1,5 +1,6 @@
-"""partition.balanced and partition.exchange: the construction, the exchanges, the work budget,
-by hand and as properties over the length families."""
+"""partition.balanced, construct, improve, ranks and exchange: the construction, the
+exchanges, the rank balancing, the work budget, by hand and as properties over the length
+families."""
 
 from __future__ import annotations
 
@@ -9,16 +10,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work, balanced
-from slime_hydra.partition.balanced import (
-    construct,
-    even_groups,
-    fit_rounds,
-    improve,
-    largest_fit,
-)
 from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.construct import construct, fit_rounds, largest_fit
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
+from slime_hydra.partition.improve import hopeless, improve
+from slime_hydra.partition.ranks import even_groups
 from slime_hydra.partition.repair import repair
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
 from slime_hydra.schedule.metrics import microbatch_lower_bound
@@ -314,9 +311,9 @@ def test_a_repair_stops_where_the_budget_left_cannot_remove_the_excess_at_its_ra
     # lone 11 is not repaired, so its bin is not among those over). A pass that cost 100 visits
     # took the excess from 6 to 2, so 2 more need 50 visits at its rate.
     was_over = np.array([12])
-    assert not balanced._hopeless(was_over, 10, 6, Work(150, spent=100), 100)  # 50 left
-    assert balanced._hopeless(was_over, 10, 6, Work(149, spent=100), 100)  # 49 left
-    assert not balanced._hopeless(was_over, 10, 2, Work(100, spent=100), 100)  # no cut: no rate
+    assert not hopeless(was_over, 10, 6, Work(150, spent=100), 100)  # 50 left
+    assert hopeless(was_over, 10, 6, Work(149, spent=100), 100)  # 49 left
+    assert not hopeless(was_over, 10, 2, Work(100, spent=100), 100)  # no cut: no rate
 
 
 def test_balancing_that_cannot_reach_its_goal_stops_after_a_pass_not_its_budget():

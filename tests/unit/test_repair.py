@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition import repair as repair_module
-from slime_hydra.partition.balanced import fit_rounds
 from slime_hydra.partition.base import PASS_OVERHEAD
+from slime_hydra.partition.construct import fit_rounds
 from slime_hydra.partition.deal import ascending
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.repair import _chains, pass_visits, repair, spill
