@@ -161,6 +161,23 @@ def test_a_full_step_is_first_fit_decreasings_packing_without_the_construction(m
     assert built == []
 
 
+def test_a_full_step_largest_fit_packs_is_its_plan_without_first_fit_decreasing(monkeypatch):
+    # 6, 6, 4, 4, 2, 2 fill 2 bins of 12. Largest fit in rounds: the 6s open, the 4s then
+    # the 2s go to the roomiest, {6, 4, 2} twice, within the cap: the plan, with no FFD
+    # (which would pack {6, 6} and {4, 4, 2, 2}).
+    def no_ffd(sizes, cap):
+        raise AssertionError("first-fit decreasing computed")
+
+    monkeypatch.setattr(balanced, "first_fit_decreasing", no_ffd)
+    s = np.array([6, 6, 4, 4, 2, 2])
+    found = BalancedPacker()(s, s, [2], 12, Work(100_000))
+    assert found is not None and found[0] == 2
+    assert sorted(np.flatnonzero(found[1] == b).tolist() for b in range(2)) == [
+        [0, 2, 4],
+        [1, 3, 5],
+    ]
+
+
 def test_fit_rounds_gives_each_bin_the_largest_item_that_fits():
     # 7, 6 and 5 open the bins (room 3, 4, 5); the roomiest (5) takes the 4, the next (4)
     # the 3, and the 7's bin nothing: 7, 9, 9, all within 10.
