@@ -18,17 +18,17 @@ Where no exchange lowers the excess (a stall), chains through the bins at the ca
 (`_chains`): an over-cap bin swaps an item for one smaller by at least its excess from any bin,
 which passes what it is then over by on to a bin with room by a swap of its own (the partners
 tried: the items just below the heavy one, and the smallest of all whose bin holds or passes on
-the shift, found by one running maximum). Bins at the
-cap hold most of a near-full step, and a pass's exchanges, between bins over the cap and bins
-with room, never reach them: the last few tokens over (1-30 over a bin or three, after a
-million visits on 16k samples) then end in a chain. Chains are searched only where the stall
-leaves at most the cap over in all: a chain ends one bin's excess with one item's shift, and a
-search over 16k samples costs about a pass (3 searches at 300k tokens over, none of which found
-a chain, took 88 ms where 61 without; the same counts on the steps below). On 456 steps of 6
-fresh seeds (60 near-full steps and 16 GRPO and truncated steps at 4k and 16k on dp32 each) the
-chains left 235 micro-batches above K_lb where the repair alone left 250, none more on any
-step; an 800 sample GRPO step on dp1 packs 313, which the count oracle of bench_planner could
-not. The smallest partner that reaches, besides those just below, left 231 (4 steps lower).
+the shift, found by one running maximum). Bins at the cap hold most of a near-full step, and a
+pass's exchanges, between bins over the cap and bins with room, never reach them: the last few
+tokens over (1-30 over a bin or three, after a million visits on 16k samples) then end in a
+chain. Chains are searched only where the stall leaves at most the cap over in all: a chain
+ends one bin's excess with one item's shift, and a search over 16k samples costs about a pass
+(3 searches at 300k tokens over, none of which found a chain, took 88 ms where 61 without; the
+same counts on the steps below). On 456 steps of 6 fresh seeds (60 near-full steps and 16 GRPO
+and truncated steps at 4k and 16k on dp32 each) the chains left 235 micro-batches above K_lb
+where the repair alone left 250, none more on any step; an 800 sample GRPO step on dp1 packs
+313, which the count oracle of bench_planner could not. The smallest partner that reaches,
+besides those just below, left 231 (4 steps lower).
 Where no chain is found either, or the budget left, at the last pass's rate, cannot remove the
 excess (passes only slow down as the easy exchanges are made; then only chains that end it are
 taken), a kick moves each over-cap bin's smallest item to one of the roomiest bins, and the
@@ -365,8 +365,11 @@ def _chains(
     reach = np.maximum.accumulate(
         np.where(is_over[bin_], -1, size + np.maximum(room[bin_], 0) + carry)
     )
-    least = np.minimum(np.searchsorted(reach, x), size.size - 1)
-    y = np.concatenate((y, np.where(size[least] <= x - excess, least, -1)[:, None]), axis=1)
+    least = np.searchsorted(reach, x)
+    found = least < size.size
+    least = np.minimum(least, size.size - 1)
+    found &= size[least] <= x - excess
+    y = np.concatenate((y, np.where(found, least, -1)[:, None]), axis=1)
     ok = y >= 0
     y = np.maximum(y, 0)
     f = bin_[y]
