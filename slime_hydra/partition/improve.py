@@ -71,6 +71,7 @@ class Packing:
 
     @classmethod
     def of(cls, bin_of: np.ndarray, sizes: np.ndarray, weights: np.ndarray, bins: int) -> Packing:
+        """The packing `bin_of` (bins 0..bins-1) with its totals, counted once."""
         size_load = np.bincount(bin_of, weights=sizes, minlength=bins).astype(np.int64)
         weight_load = (
             size_load
@@ -81,6 +82,7 @@ class Packing:
         return cls(bin_of, sizes, weights, size_load, weight_load, counts)
 
     def load(self, values: np.ndarray) -> np.ndarray:
+        """Each bin's total of `values` (the sizes or the weights)."""
         return self.size_load if values is self.sizes else self.weight_load
 
     def exchanges(
@@ -109,6 +111,7 @@ class Packing:
         )
 
     def apply(self, ex: Exchanges) -> None:
+        """Carry out `ex` in place, the totals with it."""
         apply_exchanges(ex, self.bin_of, self.sizes, self.size_load, self.counts)
         if self.weight_load is not self.size_load:
             d = ex.shift(self.weights)
