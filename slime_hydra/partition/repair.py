@@ -358,10 +358,11 @@ def _chains(
     x, h = size[heavy], bin_[heavy]
     excess = load[h] - cap
     y = np.searchsorted(size, x - excess, side="right")[:, None] - 1 - np.arange(CHAIN_WINDOW)
-    # And the smallest y of all whose bin takes x for it: x <= y + its room + what the bin's
-    # best other item passes on (bins over the cap take nothing).
+    # What each item's bin passes on once it gives that item: its best other item's pass.
     other = np.where(best[0, bin_] == np.arange(size.size), best[1, bin_], best[0, bin_])
     carry = np.where(other >= 0, passed[np.maximum(other, 0)], 0)
+    # And the smallest y of all whose bin takes x for it: x <= y + its room + that carry
+    # (bins over the cap take nothing).
     reach = np.maximum.accumulate(
         np.where(is_over[bin_], -1, size + np.maximum(room[bin_], 0) + carry)
     )
@@ -375,9 +376,8 @@ def _chains(
     f = bin_[y]
     shift = x[:, None] - size[y]
     need = shift - room[f]  # what F is over by once it takes x for y
-    on = np.where(best[0, f] == y, best[1, f], best[0, f])
-    can = np.where(on >= 0, passed[np.maximum(on, 0)], 0)
-    ok &= ~is_over[f] & (f != h[:, None]) & ((need <= 0) | (can >= need))
+    on = other[y]
+    ok &= ~is_over[f] & (f != h[:, None]) & ((need <= 0) | (carry[y] >= need))
     rows, cols = np.nonzero(ok)
     if whole and np.count_nonzero(np.bincount(h[rows], minlength=load.size)[over]) < over.size:
         return Exchanges.none(0)  # some heavy bin has no chain
