@@ -21,9 +21,11 @@ def even_groups(
     tolerance: float,
     work: Work,
     fixed: np.ndarray | None = None,
+    floor: float = 0,
 ) -> None:
     """Even the weight of groups of bins (group r: bins r·k .. r·k + k - 1), in place, until the
-    heaviest group is within `tolerance` of the mean, no exchange helps or `work` is spent.
+    heaviest group is within `tolerance` of the mean (or of `floor`, the heaviest of groups
+    evened apart, where that is higher), no exchange helps or `work` is spent.
 
     Each pass pairs the heaviest groups with the lightest, and within a pair the heavier
     group's bins, heaviest first, with the lighter group's, lightest first. Every bin pair
@@ -54,6 +56,7 @@ def even_groups(
     fixed_load = np.where(locked, load, 0).reshape(groups, k)
     open_bins = (~locked).reshape(groups, k).sum(1)
     floor = max(
+        floor,
         int(load.sum()) / groups,
         int(weights.max()),
         int((fixed_load.sum(1) + open_bins * int(weights.min())).max()),

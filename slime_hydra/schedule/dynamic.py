@@ -23,7 +23,10 @@ One algorithm for every step, its work bounded:
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
    their micro-batches (partition.ranks.even_groups). Balancing the micro-batches may spend
    MICROBATCH_SHARE of the step's work budget and `budget_per_sample` for each sample, evening
-   the ranks the rest of the step's budget.
+   the ranks the rest of the step's budget. A sample heavier than a rank's share of the step
+   gets a rank of its own first, with the lightest samples in its other micro-batches, and the
+   rest is packed on the other ranks (where it packs at the same K): no rank holding it can
+   weigh less, and evening could only reach that by moving its rank's samples out a few a pass.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
 every plan the budget can stop at satisfies the invariants; the budget counts item visits, so
 every rank computes the same plan.
@@ -43,7 +46,7 @@ import numpy as np
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition.balanced import BalancedPacker
 from slime_hydra.partition.base import Partitioner, Work
-from slime_hydra.partition.deal import split_even
+from slime_hydra.partition.deal import ascending, split_even
 from slime_hydra.partition.multifit import VISITS_PER_ITEM
 from slime_hydra.partition.ranks import even_groups
 from slime_hydra.schedule.layout import ParallelLayout
@@ -227,16 +230,82 @@ class DynamicBatching(BatchingStrategy):
     ) -> tuple[int, np.ndarray] | None:
         """The micro-batch (rank r's m-th: r·K + m) of each sample at the first count from `k`
         up in steps of the VPP alignment that the partitioner packs (at `k` alone if `exact`),
-        with `budget` (per step, per sample) for balancing; None if none."""
+        with `budget` (per step, per sample) for balancing; None if none. Samples heavier than
+        a rank's share get ranks of their own first (`_pack_around`), where the rest pack at `k`."""
+        around = self._pack_around(sizes, weights, k, budget)
+        if around is not None:
+            return around
+        return self._pack_ranks(sizes, weights, self.layout.dp, k, exact, budget)
+
+    def _pack_around(
+        self, sizes: np.ndarray, weights: np.ndarray, k: int, budget: tuple[int, int]
+    ) -> tuple[int, np.ndarray] | None:
+        """Each sample heavier than a rank's share of the step (its weight over the mean rank's)
+        alone in the first micro-batch of a rank of its own, the lightest samples one to each of
+        those ranks' other micro-batches, and the rest packed at `k` on the other ranks: no
+        rank holding such a sample can weigh less, and the others, lighter than the mean, stay
+        under it. None where there are none, they fill every rank, or the rest do not pack at
+        `k`. Evening the ranks after the packing moved their micro-batches' samples out a few
+        at a time, within its budget: a Pareto step of 3,000 samples on dp64 with 13 samples at
+        the cap (1.35 ranks' shares) spent 3.5 ms and stopped 1.39 over the mean rank."""
+        dp, n = self.layout.dp, len(sizes)
+        total = int(weights.sum())
+        if n == 0 or int(weights.max()) * dp <= total:
+            return None
+        asc = ascending(weights)
+        w = weights[asc]
+        top = w[::-1][: dp - 1]
+        j = np.arange(top.size)
+        # With the j heaviest and j·(k - 1) lightest set aside, is the next heaviest still over
+        # the share of the dp - j ranks left?
+        light = np.concatenate(([0], np.cumsum(w)))[np.minimum(j * (k - 1), n)]
+        left = total - (np.cumsum(top) - top) - light
+        heavier = top * (dp - j) > left
+        g = top.size if heavier.all() else int(np.argmin(heavier))
+        if g == 0 or n - g * k < (dp - g) * k:
+            return None
+        giants, lightest = asc[::-1][:g], asc[: g * (k - 1)]
+        rest = np.ones(n, dtype=bool)
+        rest[giants] = rest[lightest] = False
+        rest = np.flatnonzero(rest)
+        own = np.arange(dp - g, dp) * k  # the giants' ranks' first micro-batches
+        bin_of = np.empty(n, dtype=np.int64)
+        bin_of[giants] = own
+        bin_of[lightest] = (own[:, None] + np.arange(1, k)).ravel()
+        floor = int((weights[giants] + weights[lightest].reshape(g, k - 1).sum(1)).max())
+        mine = sizes[rest]
+        found = self._pack_ranks(
+            mine, mine if weights is sizes else weights[rest], dp - g, k, True, budget, floor
+        )
+        if found is None or int(np.bincount(found[1], mine).max()) > int(sizes[giants].max()):
+            return None  # a micro-batch of the rest would be the step's largest: balance it
+        bin_of[rest] = found[1]
+        return k, bin_of
+
+    def _pack_ranks(
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        dp: int,
+        k: int,
+        exact: bool,
+        budget: tuple[int, int],
+        floor: int = 0,
+    ) -> tuple[int, np.ndarray] | None:
+        """`_pack` on `dp` ranks, every sample packed with the others. With a `floor` (the
+        heaviest of the ranks `_pack_around` set apart) no rank need weigh less: the
+        micro-batches are not balanced (none outweighs theirs) and the ranks get the step's
+        budget."""
         cap = self.cap
         assert cap is not None
-        dp, g = self.layout.dp, self.layout.microbatch_alignment
+        g = self.layout.microbatch_alignment
         over = sizes > cap
         normal = np.flatnonzero(~over)
         alone = np.flatnonzero(over)
         step_budget, per_sample = budget
         share = int(step_budget * MICROBATCH_SHARE)
-        work = Work(share + per_sample * normal.size)  # the ranks get the rest of step_budget
+        # The ranks get the rest of step_budget.
+        work = Work(0 if floor else share + per_sample * normal.size)
         # Bins for the samples within the cap: dp·K less the over-cap ones, K = k, k + g, ...
         start = dp * k - alone.size
         counts = range(start, start + 1) if exact else range(start, normal.size + 1, dp * g)
@@ -261,7 +330,8 @@ class DynamicBatching(BatchingStrategy):
         place[deal] = np.arange(dp)[None, :] * k + np.arange(k)[:, None]
         bin_of = place[bin_of]
         ranks = Work(step_budget - min(work.spent, share))
-        even_groups(bin_of, sizes, weights, dp, cap, self.partitioner.tolerance / 4, ranks, over)
+        tolerance = self.partitioner.tolerance / 4
+        even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor)
         return k, bin_of
 
     def _fastest(
