@@ -49,6 +49,7 @@ from count_lp import lp_bins
 from count_oracle import packs
 
 from slime_hydra.errors import SlimeHydraError
+from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -123,6 +124,7 @@ class Result:
     k_proven: int  # of those, steps the LP bound proves no aligned count lower can be packed
     quality: float  # worst largest-micro-batch over its bound
     dp_imbalance: float
+    dp_over_lb: float  # heaviest rank / `rank_lower_bound`, worst step
     broken: int  # cap violations + empty micro-batches + invariant violations
 
     @property
@@ -153,7 +155,7 @@ def run_case(case: Case, repeats: int) -> Result:
                 ff_times.append((time.process_time() - t0) * 1e3)
     assert schedule is not None
     cap = case.max_tokens * case.layout.cp
-    k_over, k_missed, k_proven, quality, dp_imb, broken = 0, 0, 0, 0.0, 0.0, 0
+    k_over, k_missed, k_proven, quality, dp_imb, dp_lb, broken = 0, 0, 0, 0.0, 0.0, 0.0, 0
     for step in schedule.steps:
         m = step_metrics(step, case.lengths, cap, case.layout, FLOPS)
         if m["batch/num_microbatches"] > m["batch/num_microbatches_lb"]:
@@ -163,6 +165,7 @@ def run_case(case: Case, repeats: int) -> Result:
             k_proven += why == "proven"
         quality = max(quality, m["batch/mb_tokens_max"] / m["batch/mb_tokens_lb"])
         dp_imb = max(dp_imb, m["batch/dp_token_imbalance"])
+        dp_lb = max(dp_lb, heaviest_rank(step, case.lengths) / rank_lower_bound(step, case.lengths))
         broken += m["batch/cap_violations"] + m["batch/empty_microbatches"]
     broken += len(violations(schedule, case.layout, case.groups, case.family in ISOLATE))
     med = statistics.median(plan_times)
@@ -176,7 +179,26 @@ def run_case(case: Case, repeats: int) -> Result:
         k_proven,
         quality,
         dp_imb,
+        dp_lb,
         broken,
+    )
+
+
+def heaviest_rank(step: StepSchedule, lengths: Sequence[int]) -> int:
+    """The tokens of the step's heaviest DP rank."""
+    return max(sum(lengths[i] for mb in rank for i in mb) for rank in step.ranks)
+
+
+def rank_lower_bound(step: StepSchedule, lengths: Sequence[int]) -> int:
+    """A proven lower bound on the heaviest of the step's DP ranks (tokens) at its count K:
+    the heaviest of dp parts of its samples (partition.bounds), and the longest sample with
+    the K - 1 shortest (its rank's other micro-batches are not empty). `dp imb` over the mean
+    alone cannot tell a rank a long sample weighs down from a plan that misses."""
+    sizes = np.sort(np.asarray([lengths[i] for i in step.samples], dtype=np.int64))
+    k = step.num_microbatches
+    return max(
+        max_part_lower_bound(sizes, len(step.mbs_per_rank)),
+        int(sizes[-1] + sizes[: k - 1].sum()),
     )
 
 
@@ -202,7 +224,7 @@ def report(results: Sequence[Result]) -> None:
     print(
         f"\n{'family':9s} {'cases':>5s} {'ms/1k worst':>11s} {'median':>7s} {'worst/med':>9s}"
         f" {'plan/FF worst':>13s} {'q worst':>8s} {'K>K_lb':>6s} {'lower':>5s} {'proven':>6s}"
-        f" {'dp imb':>7s}"
+        f" {'dp imb':>7s} {'dp/lb':>6s}"
         f" {'broken':>6s}"
     )
     by_family: dict[str, list[Result]] = defaultdict(list)
@@ -217,7 +239,7 @@ def report(results: Sequence[Result]) -> None:
             f" {max(big, default=float('nan')):13.3f} {max(r.quality for r in rs):8.4f}"
             f" {sum(r.k_over for r in rs):6d} {sum(r.k_missed for r in rs):5d}"
             f" {sum(r.k_proven for r in rs):6d}"
-            f" {max(r.dp_imbalance for r in rs):7.4f}"
+            f" {max(r.dp_imbalance for r in rs):7.4f} {max(r.dp_over_lb for r in rs):6.4f}"
             f" {sum(r.broken for r in rs):6d}"
         )
     worst = sorted(results, key=lambda r: -r.ms_per_1k)[:3]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from benchmarks import bench_planner
+from slime_hydra.schedule import StepSchedule
 from tests.families import FAMILIES
 
 
@@ -21,3 +22,14 @@ def test_a_small_run_prints_every_section_and_breaks_no_invariant(capsys):
         assert section in out
     targets = re.findall(r"^\s+(4096|16384)\s+32 (\w+)", out, flags=re.MULTILINE)
     assert sorted(targets) == sorted((n, f) for n in ("16384", "4096") for f in FAMILIES)
+
+
+def test_the_rank_bound_holds_the_longest_sample_with_the_shortest_beside_it():
+    # dp=2, K=2: 12.5 tokens a rank on average, but the rank holding the 20 holds one more
+    # sample: at least 20 + 1.
+    step = StepSchedule(
+        step=0, mbs_per_rank=(2, 2), samples_per_mb=(1, 1, 1, 2), samples=(0, 1, 2, 3, 4)
+    )
+    lengths = [20, 1, 2, 1, 1]
+    assert bench_planner.rank_lower_bound(step, lengths) == 21
+    assert bench_planner.heaviest_rank(step, lengths) == 21
