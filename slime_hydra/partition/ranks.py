@@ -1,5 +1,7 @@
-"""Evening groups of bins (a DP rank's micro-batches) in place: bulk moves of light items and
-single exchanges between the heaviest groups and the lightest, within a work budget."""
+"""DP ranks' shares of a step: the heavy items set apart on ranks of their own (`own_ranks`),
+and groups of bins (a rank's micro-batches) evened in place by bulk moves of light items and
+single exchanges between the heaviest groups and the lightest, within a work budget
+(`even_groups`)."""
 
 from __future__ import annotations
 
@@ -138,3 +140,58 @@ def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k
     order = np.lexsort((ex.heavy, -kept, group))
     first = order[run_starts(group[order])]
     return Exchanges(ex.heavy[first], ex.light[first], ex.give[first], ex.take[first], ex.visited)
+
+
+def own_ranks(weights: np.ndarray, dp: int, k: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """The items that bins balanced among themselves and dealt k to each of `dp` groups would
+    leave their groups too heavy with, each on a group of its own: (the items set apart, the
+    bin of each, group r's m-th bin r·k + m, and the number R of groups they take), the rest to
+    fill the other dp - R groups' k bins each; None where there are none or too few others.
+    - Each item heavier than the share of the groups left (once the heavier ones are set apart
+      with theirs) alone in its group's first bin, the lightest items one to each of its other
+      bins: no group holding it can weigh less.
+    - Then each item heavier than half the share of the groups left alone in its group's first
+      bin, the lightest items left in its other ones up to the share (at least one each), where
+      the running sum of the shares falls nearest, so the groups left keep theirs. Dealt bins of
+      the mean, its group would be over by more than half its other bins' weight, which evening
+      moves out a few items a pass: a Pareto step of 3,000 samples on dp64 (K = 7) with samples
+      at the cap, 1.35 ranks' shares, stopped 1.39 over the mean rank, the floor 1.36; one with
+      a sample of 0.98 shares, 1.13 over.
+    Not where such items outnumber the groups (no group is left for the rest), nor with k < 2
+    (a group of one bin is that bin)."""
+    n = len(weights)
+    total = int(weights.sum())
+    if n == 0 or k < 2 or int(weights.max()) * 2 * dp <= total:
+        return None
+    asc = ascending(weights)
+    w = weights[asc]
+    light = np.concatenate(([0], np.cumsum(w)))  # of the lightest i: light[i]
+    top = w[::-1][: dp - 1]
+    j = np.arange(top.size)
+    # With the j heaviest and j·(k - 1) lightest set aside, is the next heaviest still over the
+    # share of the dp - j groups left?
+    left = total - (np.cumsum(top) - top) - light[np.minimum(j * (k - 1), n)]
+    heavier = top * (dp - j) > left
+    g = top.size if heavier.all() else int(np.argmin(heavier))
+    share = float(left[g]) / (dp - g) if g < top.size else 0.0
+    h = int(np.count_nonzero(w * 2 > share)) - g
+    h = h if g + h < dp else 0
+    if g + h == 0:
+        return None
+    ends, target = [0], 0.0  # the lightest items each set-apart group takes: asc[ends[r]:ends[r+1]]
+    for i in range(g + h):
+        if i < g:
+            ends.append(ends[-1] + k - 1)
+            target = float(light[min(ends[-1], n)])
+            continue
+        target += share - float(w[n - 1 - i])
+        at = min(int(np.searchsorted(light, target)), n)
+        at -= at > 0 and target - light[at - 1] < light[at] - target
+        ends.append(max(ends[-1] + k - 1, at))
+    if n - ends[-1] - (g + h) < (dp - g - h) * k:  # the rest cannot fill the other groups
+        return None
+    group = np.repeat(np.arange(g + h), np.diff(ends))
+    within = np.arange(ends[-1]) - np.repeat(ends[:-1], np.diff(ends))
+    items = np.concatenate((asc[::-1][: g + h], asc[: ends[-1]]))
+    bins = np.concatenate((np.arange(g + h) * k, group * k + 1 + within % (k - 1)))
+    return items, bins, g + h

@@ -46,9 +46,9 @@ import numpy as np
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition.balanced import BalancedPacker
 from slime_hydra.partition.base import Partitioner, Work
-from slime_hydra.partition.deal import ascending, split_even
+from slime_hydra.partition.deal import split_even
 from slime_hydra.partition.multifit import VISITS_PER_ITEM
-from slime_hydra.partition.ranks import even_groups
+from slime_hydra.partition.ranks import even_groups, own_ranks
 from slime_hydra.schedule.layout import ParallelLayout
 from slime_hydra.schedule.metrics import microbatch_lower_bound
 from slime_hydra.schedule.schedule import StepSchedule
@@ -257,82 +257,40 @@ class DynamicBatching(BatchingStrategy):
     def _pack_around(
         self, sizes: np.ndarray, weights: np.ndarray, k: int, budget: tuple[int, int]
     ) -> tuple[int, np.ndarray] | None:
-        """Ranks of their own, first, for the samples that a packing balanced by micro-batch
-        leaves their ranks too heavy with, and the rest packed at `k` on the other ranks:
-        - each sample heavier than a rank's share of the step (once the ones heavier still are
-          set apart) alone in its rank's first micro-batch, the lightest samples one to each of
-          its other micro-batches: no rank holding it can weigh less;
-        - then each sample heavier than half the share of the ranks left alone in its rank's
-          first micro-batch, the lightest samples left in its other ones up to the share (at
-          least one each; the running sum of the shares rounded, so the rest keep theirs).
-        Dealt micro-batches of the mean, such a sample's rank would be over by more than half
-        its other micro-batches' weight, which evening moves out a few samples a pass: a Pareto
-        step of 3,000 samples on dp64 with samples at the cap (1.35 ranks' shares) spent 3.5 ms
-        and stopped 1.39 over the mean rank; one with a sample of 0.98 shares, 1.13 over.
-        The rest's micro-batches are not balanced (none outweighs the heaviest sample set
-        apart, else None). Tried only where the step is loose enough that first-fit packs the
-        rest at `k` (no two bins of a first-fit packing are at most half full), so that it
-        costs no repair, and with two or more micro-batches a rank (with one, balancing them
-        balances the ranks); None where no sample is so heavy or the rest do not pack at `k`."""
+        """The samples a packing balanced by micro-batch would leave their ranks too heavy with
+        on ranks of their own (partition.ranks.own_ranks), and the rest packed at `k` on the
+        other ranks, their micro-batches not balanced (none may outweigh the heaviest sample set
+        apart, alone in its micro-batch: else None) and their ranks evened down to the heaviest
+        set-apart rank. Tried only where the step is loose enough that first-fit packs the rest
+        at `k` (no two bins of a first-fit packing are at most half full), so that it costs no
+        repair, and with two or more micro-batches a rank (with one, balancing them balances
+        the ranks); None where no sample is so heavy or the rest do not pack at `k`."""
         dp, n, cap = self.layout.dp, len(sizes), self.cap
         assert cap is not None
-        total = int(weights.sum())
         normal = sizes <= cap
         loose = 2 * int(sizes[normal].sum()) <= cap * (dp * k - (n - int(normal.sum())) - 1)
-        if k == 1 or not loose or int(weights.max()) * 2 * dp <= total:
+        apart = own_ranks(weights, dp, k) if k > 1 and loose else None
+        if apart is None:
             return None
-        asc = ascending(weights)
-        w = weights[asc]
-        light = np.concatenate(([0], np.cumsum(w)))  # of the lightest i: light[i]
-        top = w[::-1][: dp - 1]
-        j = np.arange(top.size)
-        # With the j heaviest and j·(k - 1) lightest set aside, is the next heaviest still over
-        # the share of the dp - j ranks left?
-        left = total - (np.cumsum(top) - top) - light[np.minimum(j * (k - 1), n)]
-        heavier = top * (dp - j) > left
-        g = top.size if heavier.all() else int(np.argmin(heavier))
-        share = float(left[g]) / (dp - g) if g < top.size else 0.0
-        h = int(np.count_nonzero(w * 2 > share)) - g
-        h = h if g + h < dp else 0  # heavy samples on every rank: no rank is left for the rest
-        if g + h == 0:
+        samples, mb, ranks = apart
+        filled = mb % k > 0  # the samples beside the heavy ones
+        loads = np.bincount(mb[filled], sizes[samples[filled]])
+        if loads.size and int(loads.max()) > cap:
             return None
-        # Each set-apart rank's other micro-batches: the next lightest, up to its need, where
-        # the sum of the needs so far falls nearest (the rest's share stays the ranks').
-        ends, target = [0], 0.0
-        for i in range(g + h):
-            if i < g:
-                ends.append(ends[-1] + k - 1)
-                target = float(light[min(ends[-1], n)])
-                continue
-            target += share - float(w[n - 1 - i])
-            at = min(int(np.searchsorted(light, target)), n)
-            at -= at > 0 and target - light[at - 1] < light[at] - target
-            ends.append(max(ends[-1] + k - 1, at))
-        if ends[-1] > n - g - h:  # the lightest would run into the heaviest
-            return None
-        fill, owners = asc[: ends[-1]], asc[::-1][: g + h]
         rest = np.ones(n, dtype=bool)
-        rest[fill] = rest[owners] = False
+        rest[samples] = False
         rest = np.flatnonzero(rest)
-        if rest.size < (dp - g - h) * k:
-            return None
-        rank = np.repeat(np.arange(g + h), np.diff(ends))
-        within = np.arange(fill.size) - np.repeat(ends[:-1], np.diff(ends))
-        first = np.arange(dp - g - h, dp) * k  # each set-apart rank's first micro-batch
-        bin_of = np.empty(n, dtype=np.int64)
-        bin_of[owners] = first
-        bin_of[fill] = first[rank] + 1 + within % max(k - 1, 1)
-        fill_sizes = np.bincount(bin_of[fill], sizes[fill])
-        if fill.size and int(fill_sizes.max()) > cap:
-            return None
-        floor = int((weights[owners] + np.bincount(rank, weights[fill], minlength=g + h)).max())
+        floor = int(np.bincount(mb // k, weights[samples]).max())
         mine = sizes[rest]
         found = self._pack_ranks(
-            mine, mine if weights is sizes else weights[rest], dp - g - h, k, True, budget, floor
+            mine, mine if weights is sizes else weights[rest], dp - ranks, k, True, budget, floor
         )
-        if found is None or int(np.bincount(found[1], mine).max()) > int(sizes[owners].max()):
+        heaviest = int(sizes[samples[~filled]].max())
+        if found is None or int(np.bincount(found[1], mine).max()) > heaviest:
             return None
+        bin_of = np.empty(n, dtype=np.int64)
         bin_of[rest] = found[1]
+        bin_of[samples] = mb + (dp - ranks) * k
         return k, bin_of
 
     def _pack_ranks(

@@ -15,7 +15,7 @@ from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.construct import construct, fit_rounds, largest_fit
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
 from slime_hydra.partition.improve import hopeless, improve
-from slime_hydra.partition.ranks import even_groups
+from slime_hydra.partition.ranks import even_groups, own_ranks
 from slime_hydra.partition.repair import repair
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
 from slime_hydra.schedule.metrics import microbatch_lower_bound
@@ -282,6 +282,51 @@ def test_bulk_moves_take_the_lightest_items_up_to_the_shift_and_leave_one():
         np.ones(5, dtype=bool),
     )
     assert sorted(ex.give.tolist()) == [1, 2, 3]  # never the last item: the 5 stays
+
+
+def test_own_ranks_set_the_heavy_items_apart_with_the_lightest_beside_them():
+    # 143 over 4 groups of 2 bins, 35.75 each: the 100 is over that, alone in a bin, the 1 in
+    # its group's other. 42 is left for 3 groups, 14 each: the 9 and the 8 are over half of
+    # it. The 9's group takes the lightest left where the running sum of the needs (5, then
+    # 5 + 6) falls nearest: the 3 and the 4 (16); the 8's the 5 (13). The 7 and the 6 are
+    # left for the last group.
+    items, bins, groups = own_ranks(np.array([100, 3, 1, 9, 8, 7, 6, 5, 4]), 4, 2)
+    assert groups == 3
+    placed = dict(zip(items.tolist(), bins.tolist(), strict=True))
+    assert placed == {0: 0, 3: 2, 4: 4, 2: 1, 1: 3, 8: 3, 7: 5}
+
+
+def test_own_ranks_sets_none_apart_where_heavy_items_outnumber_the_groups_or_none_is_heavy():
+    # Five 50s over 4 groups (63.75 each): one group holds two whatever is set apart.
+    assert own_ranks(np.array([50] * 5 + [1] * 5), 4, 2) is None
+    # None over half a group's share (13 of 26).
+    assert own_ranks(np.array([13, 12, 11, 10] * 2), 4, 2) is None
+
+
+@PROPERTY
+@given(
+    st.sampled_from(sorted(FAMILIES)),
+    st.integers(0, 2**32 - 1),
+    st.integers(8, 2000),
+    st.sampled_from([2, 3, 4, 8, 16, 64]),
+    st.integers(2, 8),
+)
+def test_own_ranks_give_each_heavy_item_a_group_of_k_nonempty_bins_and_leave_the_rest_enough(
+    family, seed, n, dp, k
+):
+    weights = lengths_of(family, np.random.default_rng(seed), n, 8192)
+    apart = own_ranks(weights, dp, k)
+    assume(apart is not None)
+    items, bins, groups = apart
+    assert 0 < groups < dp
+    assert np.unique(items).size == items.size
+    counts = np.bincount(bins, minlength=groups * k)
+    assert counts.size == groups * k and (counts > 0).all()
+    assert (counts[::k] == 1).all()  # each heavy item alone in its group's first bin
+    rest = np.setdiff1d(np.arange(n), items)
+    assert rest.size >= (dp - groups) * k
+    heavy = weights[items[bins % k == 0]]
+    assert heavy.min() >= weights[rest].max()
 
 
 def test_even_groups_moves_weight_from_the_heavier_group():
