@@ -296,11 +296,11 @@ def test_own_ranks_set_the_heavy_items_apart_with_the_lightest_beside_them():
     assert placed == {0: 0, 3: 2, 4: 4, 2: 1, 1: 3, 8: 3, 7: 5}
 
 
-def test_own_ranks_sets_none_apart_where_heavy_items_outnumber_the_groups_or_none_is_heavy():
-    # Five 50s over 4 groups (63.75 each): one group holds two whatever is set apart.
+def test_own_ranks_set_none_apart_where_heavy_items_take_every_group_or_none_is_heavy():
+    # Five 50s over 4 groups (63.75 each): heavy items on every group leave none for the rest.
     assert own_ranks(np.array([50] * 5 + [1] * 5), 4, 2) is None
-    # None over half a group's share (13 of 26).
-    assert own_ranks(np.array([13, 12, 11, 10] * 2), 4, 2) is None
+    # Equal items: none is over half a group's share (10 of 20).
+    assert own_ranks(np.array([10] * 8), 4, 2) is None
 
 
 @PROPERTY
@@ -310,11 +310,17 @@ def test_own_ranks_sets_none_apart_where_heavy_items_outnumber_the_groups_or_non
     st.integers(8, 2000),
     st.sampled_from([2, 3, 4, 8, 16, 64]),
     st.integers(2, 8),
+    st.integers(1, 80),
 )
 def test_own_ranks_give_each_heavy_item_a_group_of_k_nonempty_bins_and_leave_the_rest_enough(
-    family, seed, n, dp, k
+    family, seed, n, dp, k, heavy
 ):
-    weights = lengths_of(family, np.random.default_rng(seed), n, 8192)
+    # A family's lengths and `heavy` items of 0.3-1.5 groups' shares: fewer than the groups,
+    # as many, or more.
+    rng = np.random.default_rng(seed)
+    weights = lengths_of(family, rng, n, 8192)
+    share = int(weights.sum()) // dp + 1
+    weights = np.concatenate((weights, rng.integers(3 * share // 10, 3 * share // 2, heavy)))
     apart = own_ranks(weights, dp, k)
     assume(apart is not None)
     items, bins, groups = apart
@@ -323,7 +329,7 @@ def test_own_ranks_give_each_heavy_item_a_group_of_k_nonempty_bins_and_leave_the
     counts = np.bincount(bins, minlength=groups * k)
     assert counts.size == groups * k and (counts > 0).all()
     assert (counts[::k] == 1).all()  # each heavy item alone in its group's first bin
-    rest = np.setdiff1d(np.arange(n), items)
+    rest = np.setdiff1d(np.arange(weights.size), items)
     assert rest.size >= (dp - groups) * k
     heavy = weights[items[bins % k == 0]]
     assert heavy.min() >= weights[rest].max()
