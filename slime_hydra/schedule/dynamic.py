@@ -23,12 +23,12 @@ One algorithm for every step, its work bounded:
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
    their micro-batches (partition.ranks.even_groups). Balancing the micro-batches may spend
    MICROBATCH_SHARE of the step's work budget and `budget_per_sample` for each sample, evening
-   the ranks the rest of the step's budget. Where K >= 2 and the step is loose, a sample
-   heavier than half a rank's share first gets a rank of its own, the lightest samples in its
-   other micro-batches (up to the share), and the rest is packed at K on the other ranks
-   (partition.ranks.own_ranks): evening could only bring its rank down by moving its samples out
-   a few a pass. Where that leaves the heaviest rank over the tolerance, the step is also
-   packed whole as above and the lighter kept.
+   the ranks the rest of the step's budget. Where K >= 2, a sample heavier than half a rank's
+   share first gets a rank of its own, the lightest samples in its other micro-batches (up to
+   the share), and the rest is packed at K on the other ranks (partition.ranks.own_ranks; where
+   first-fit decreasing packs the rest there): evening could only bring its rank down by moving
+   its samples out a few a pass. Where that leaves the heaviest rank over the tolerance, the
+   step is also packed whole as above and the lighter kept.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
 every plan the budget can stop at satisfies the invariants; the budget counts item visits, so
 every rank computes the same plan.
@@ -49,6 +49,7 @@ from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition.balanced import BalancedPacker
 from slime_hydra.partition.base import Partitioner, Work
 from slime_hydra.partition.deal import split_even
+from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.multifit import VISITS_PER_ITEM
 from slime_hydra.partition.ranks import even_groups, own_ranks
 from slime_hydra.schedule.layout import ParallelLayout
@@ -264,17 +265,12 @@ class DynamicBatching(BatchingStrategy):
         other ranks, their micro-batches not balanced (none may outweigh the heaviest sample set
         apart, alone in its micro-batch: else None) and their ranks evened down to the heaviest
         set-apart rank. Tried only with two or more micro-batches a rank (with one, balancing
-        them balances the ranks) and where the step is loose enough that first-fit packs it at
-        `k` (no two bins of a first-fit packing are at most half full): the rest, all but about
-        a share a set-apart rank, is about as full, so packing it seldom needs a repair. (The
-        same test on the rest itself turned down an oversize step of 913 samples on dp64 that
-        packs, its heaviest rank 1.027 of the mean set apart, 1.241 whole.) None where no
-        sample is so heavy or the rest do not pack at `k`."""
+        them balances the ranks) and where first-fit decreasing packs the rest at `k`: where no
+        two bins of a first-fit packing could be at most half full, without computing it. So
+        trying costs no repair. None where no sample is so heavy or the rest do not pack."""
         dp, n, cap = self.layout.dp, len(sizes), self.cap
         assert cap is not None
-        normal = sizes <= cap
-        loose = 2 * int(sizes[normal].sum()) <= cap * (dp * k - (n - int(normal.sum())) - 1)
-        apart = own_ranks(weights, dp, k) if k > 1 and loose else None
+        apart = own_ranks(weights, dp, k)
         if apart is None:
             return None
         samples, mb, ranks = apart
@@ -286,6 +282,11 @@ class DynamicBatching(BatchingStrategy):
         rest[samples] = False
         rest = np.flatnonzero(rest)
         mine = sizes[rest]
+        normal = mine[mine <= cap]
+        bins = (dp - ranks) * k - (mine.size - normal.size)
+        loose = 2 * int(normal.sum()) <= cap * (bins - 1)
+        if not (loose or int(first_fit_decreasing(normal, cap).max(initial=-1)) < bins):
+            return None
         floor = int(np.bincount(mb // k, weights[samples]).max())
         found = self._pack_ranks(
             mine, mine if weights is sizes else weights[rest], dp - ranks, k, True, budget, floor

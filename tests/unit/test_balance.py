@@ -120,6 +120,20 @@ def test_where_ranks_of_their_own_leave_the_rest_coarse_the_step_packed_whole_is
     assert max(_rank_loads(lengths, layout)) <= 1.005 * int(lengths.sum()) / 64
 
 
+def test_ranks_of_their_own_where_first_fit_decreasing_packs_a_rest_too_full_for_its_guarantee():
+    # 3,000 samples on dp16, K = 3, 16 of them over the cap (16,870-30,706 tokens: 6 over half a
+    # rank's share of 47,644), the rest 75% full: no bound says first-fit packs it, first-fit
+    # decreasing does. Set apart, the heaviest rank is 1.0022 of the mean; packed whole, 1.0256.
+    lengths = lengths_of("oversize", np.random.default_rng(20), 3000, 16384)
+    step = (
+        DynamicBatching(ParallelLayout(dp=16), None, 16384, oversize="isolate")
+        .plan(lengths.tolist(), list(range(3000)))
+        .steps[0]
+    )
+    loads = [sum(int(lengths[i]) for mb in rank for i in mb) for rank in step.ranks]
+    assert max(loads) <= 1.005 * int(lengths.sum()) / 16
+
+
 def _rank_loads(lengths: np.ndarray, layout: ParallelLayout) -> list[int]:
     """The tokens of each rank of a one-step plan under a cap of 8,192."""
     samples = list(range(len(lengths)))
