@@ -493,6 +493,18 @@ def test_even_groups_stops_at_once_where_a_locked_sample_sets_the_heaviest_group
     assert bin_of.tolist() == [0, 1, 2, 3] and work.spent == 0
 
 
+def test_even_groups_pairs_open_bins_past_a_locked_one():
+    # Rank 0: an over-cap 60 alone (locked) and four 5s; rank 1: a 5 and a 49, cap 50. By load,
+    # rank 0's locked bin met rank 1's roomy bin (a pair that cannot move) and its 5s the 49's
+    # bin, with room 1: nothing moved, 80 against 54. Open bins pair with open bins: three 5s
+    # move, 65 against 69, the best split ({60, 5} and {49, 5, 5, 5, 5}).
+    sizes = np.array([60, 5, 5, 5, 5, 5, 49])
+    bin_of = np.array([0, 1, 1, 1, 1, 2, 3])
+    fixed = np.array([True] + [False] * 6)
+    even_groups(bin_of, sizes, sizes, 2, 50, 0.0025, Work(10**6), fixed)
+    assert _loads(bin_of // 2, sizes, 2) == [65, 69]
+
+
 def test_even_groups_spends_nothing_where_whole_items_already_set_the_heaviest_group():
     # Seven items of 10 on three ranks of one bin each: some rank holds three (30), above the
     # mean of 23.3 and its tolerance, but at the proven bound on the heaviest of three parts.
