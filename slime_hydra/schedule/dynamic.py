@@ -28,7 +28,9 @@ One algorithm for every step, its work bounded:
    the share), and the rest is packed at K on the other ranks (partition.ranks.own_ranks; where
    first-fit decreasing packs the rest there): evening could only bring its rank down by moving
    its samples out a few a pass. Where that leaves the heaviest rank over the tolerance, the
-   step is also packed whole as above and the lighter kept.
+   step is also packed whole as above and the lighter kept; where the ranks set apart are over
+   it themselves, the step is packed whole first, and kept at once where no rank of it is
+   heavier than they are.
 Every exchange keeps each micro-batch of two or more samples within the cap and non-empty, so
 every plan the budget can stop at satisfies the invariants; the budget counts item visits, so
 every rank computes the same plan.
@@ -236,11 +238,26 @@ class DynamicBatching(BatchingStrategy):
         with `budget` (per step, per sample) for balancing; None if none. Samples that would
         weigh their ranks down get ranks of their own first (`_pack_around`); where that leaves
         the heaviest rank over the tolerance of its bound, the step is also packed whole, and
-        the fewer micro-batches, then the lighter heaviest rank, kept."""
-        around = self._pack_around(sizes, weights, k, budget)
-        if around is not None and self._heaviest(around, weights) <= self._rank_goal(weights, k):
+        the fewer micro-batches, then the lighter heaviest rank, kept. Where the ranks set apart
+        are over the tolerance themselves, the step is packed whole first, and kept at once
+        where it has `k` micro-batches a rank and none heavier than they are: no plan around
+        them could be lighter."""
+        dp = self.layout.dp
+        apart = own_ranks(weights, dp, k)
+        if apart is None:
+            return self._pack_ranks(sizes, weights, dp, k, exact, budget)
+        goal = self._rank_goal(weights, k)
+        floor = int(np.bincount(apart[1] // k, weights[apart[0]]).max())
+        whole = None
+        if floor > goal:
+            whole = self._pack_ranks(sizes, weights, dp, k, exact, budget)
+            if whole is not None and whole[0] == k and self._heaviest(whole, weights) <= floor:
+                return whole
+        around = self._pack_around(sizes, weights, k, budget, apart, floor)
+        if around is not None and self._heaviest(around, weights) <= goal:
             return around
-        whole = self._pack_ranks(sizes, weights, self.layout.dp, k, exact, budget)
+        if whole is None:
+            whole = self._pack_ranks(sizes, weights, dp, k, exact, budget)
         if around is None or whole is None:
             return around or whole
         return min(whole, around, key=lambda plan: (plan[0], self._heaviest(plan, weights)))
@@ -258,21 +275,24 @@ class DynamicBatching(BatchingStrategy):
         return (1 + self.partitioner.tolerance / 4) * bound
 
     def _pack_around(
-        self, sizes: np.ndarray, weights: np.ndarray, k: int, budget: tuple[int, int]
+        self,
+        sizes: np.ndarray,
+        weights: np.ndarray,
+        k: int,
+        budget: tuple[int, int],
+        apart: tuple[np.ndarray, np.ndarray, int],
+        floor: int,
     ) -> tuple[int, np.ndarray] | None:
-        """The samples a packing balanced by micro-batch would leave their ranks too heavy with
-        on ranks of their own (partition.ranks.own_ranks), and the rest packed at `k` on the
-        other ranks, their micro-batches not balanced (none may outweigh the heaviest sample set
-        apart, alone in its micro-batch: else None) and their ranks evened down to the heaviest
-        set-apart rank. Tried only with two or more micro-batches a rank (with one, balancing
-        them balances the ranks) and where first-fit decreasing packs the rest at `k`: where no
-        two bins of a first-fit packing could be at most half full, without computing it. So
-        trying costs no repair. None where no sample is so heavy or the rest do not pack."""
+        """The samples `apart` (partition.ranks.own_ranks: those a packing balanced by
+        micro-batch would leave their ranks too heavy with) on ranks of their own, the heaviest
+        of which weighs `floor`, and the rest packed at `k` on the other ranks, their
+        micro-batches not balanced (none may outweigh the heaviest sample set apart, alone in
+        its micro-batch: else None) and their ranks evened down to `floor`. Tried only where
+        first-fit decreasing packs the rest at `k`: where no two bins of a first-fit packing
+        could be at most half full, without computing it. So trying costs no repair. None
+        where the rest do not pack."""
         dp, n, cap = self.layout.dp, len(sizes), self.cap
         assert cap is not None
-        apart = own_ranks(weights, dp, k)
-        if apart is None:
-            return None
         samples, mb, ranks = apart
         filled = mb % k > 0  # the samples beside the heavy ones
         loads = np.bincount(mb[filled], sizes[samples[filled]])
@@ -287,7 +307,6 @@ class DynamicBatching(BatchingStrategy):
         loose = 2 * int(normal.sum()) <= cap * (bins - 1)
         if not (loose or int(first_fit_decreasing(normal, cap).max(initial=-1)) < bins):
             return None
-        floor = int(np.bincount(mb // k, weights[samples]).max())
         found = self._pack_ranks(
             mine, mine if weights is sizes else weights[rest], dp - ranks, k, True, budget, floor
         )

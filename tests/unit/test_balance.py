@@ -120,6 +120,29 @@ def test_where_ranks_of_their_own_leave_the_rest_coarse_the_step_packed_whole_is
     assert max(_rank_loads(lengths, layout)) <= 1.005 * int(lengths.sum()) / 64
 
 
+def test_where_the_ranks_set_apart_are_over_the_tolerance_a_whole_packing_as_light_is_kept_first(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    # dp=2, K=2: 125 tokens, 62.5 a rank. The 45 would get a rank of its own with 1, 5 and 21
+    # (the running sum nearest the share): 72, over the tolerance of the bound before anything
+    # else is packed. The step packed whole reaches 66 ({45, 21} against {27, 26, 5, 1}), at or
+    # under that rank, so no plan around it can be lighter: it is kept without packing one.
+    tried = []
+    pack_around = DynamicBatching._pack_around
+
+    def spy(self, *args):
+        tried.append(args)
+        return pack_around(self, *args)
+
+    monkeypatch.setattr(DynamicBatching, "_pack_around", spy)
+    layout = ParallelLayout(dp=2, pp=2, vpp=2, microbatch_group_size_per_vp_stage=2)
+    lengths = [45, 5, 1, 27, 21, 26]
+    step = DynamicBatching(layout, None, 100).plan(lengths, list(range(6))).steps[0]
+    assert step.num_microbatches == 2
+    assert sorted(sum(lengths[i] for mb in rank for i in mb) for rank in step.ranks) == [59, 66]
+    assert tried == []
+
+
 def test_ranks_of_their_own_where_first_fit_decreasing_packs_a_rest_too_full_for_its_guarantee():
     # 3,000 samples on dp16, K = 3, 16 of them over the cap (16,870-30,706 tokens: 6 over half a
     # rank's share of 47,644), the rest 75% full: no bound says first-fit packs it, first-fit
