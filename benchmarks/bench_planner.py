@@ -49,7 +49,7 @@ from count_lp import lp_bins
 from count_oracle import packs
 
 from slime_hydra.errors import SlimeHydraError
-from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.bounds import capped_parts_lower_bound, max_part_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -194,42 +194,15 @@ def rank_lower_bound(step: StepSchedule, lengths: Sequence[int], cap: int) -> in
     """A proven lower bound on the heaviest of the step's DP ranks (tokens) at its count K:
     the heaviest of dp parts of its samples (partition.bounds), the longest sample with the
     K - 1 shortest (its rank's other micro-batches are not empty), and what the cap lets the
-    ranks hold (`cap_rank_bound`). `dp imb` over the mean alone cannot tell a rank a long
+    ranks hold (capped_parts_lower_bound). `dp imb` over the mean alone cannot tell a rank a long
     sample weighs down from a plan that misses."""
     sizes = np.sort(np.asarray([lengths[i] for i in step.samples], dtype=np.int64))
     k, dp = step.num_microbatches, len(step.mbs_per_rank)
     return max(
         max_part_lower_bound(sizes, dp),
         int(sizes[-1] + sizes[: k - 1].sum()),
-        cap_rank_bound(sizes, dp, k, cap),
+        capped_parts_lower_bound(sizes, dp, k, cap),
     )
-
-
-def cap_rank_bound(sizes: np.ndarray, dp: int, k: int, cap: int) -> int:
-    """The least T such that dp ranks of k micro-batches, each over-cap sample alone in one
-    and the others within `cap`, could hold every token with none over T (0 where the
-    over-cap samples outnumber the ranks). A rank holding the over-cap samples S holds at
-    most u = k·cap + Σ_S (L - cap) tokens, and no more than T: Σ_r min(T, u_r) >= the total.
-    The u_r sum to the same for every placement, and dealing each over-cap sample a rank of
-    its own is a Robin Hood transfer away from any other (a rank of S1 ∪ S2 and one of none
-    become one of S1 and one of S2), so its u are majorized by every placement's and, min(T, ·)
-    being concave, it holds the most under T: the T it needs is a bound. Ranks the cap keeps
-    under the mean (k·cap below it) leave the ranks with over-cap samples more than the mean
-    (an oversize step of 5,291 samples on dp48, K = 4: 1.1719 of the other bounds, 1.07 of
-    this one)."""
-    over = sizes[sizes > cap]
-    if over.size > dp:
-        return 0
-    room = np.concatenate((k * cap + over - cap, np.full(dp - over.size, k * cap)))
-    total = int(sizes.sum())
-    lo, hi = 0, int(room.max())  # min(hi, room) sums every room: at least the total
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if int(np.minimum(mid, room).sum()) >= total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def below_k(

@@ -11,7 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work
-from slime_hydra.partition.bounds import max_part_lower_bound, min_bins_lower_bound
+from slime_hydra.partition.bounds import (
+    capped_parts_lower_bound,
+    max_part_lower_bound,
+    min_bins_lower_bound,
+)
 from slime_hydra.partition.greedy import first_fit_decreasing
 
 
@@ -74,6 +78,44 @@ def test_the_bound_never_exceeds_the_brute_force_optimum(weights, parts):
     assert max(weights) <= bound <= _optimum(weights, parts)
     # A reachable upper hint changes nothing.
     assert max_part_lower_bound(weights, parts, upper=_optimum(weights, parts)) == bound
+
+
+def test_the_capped_bound_holds_the_room_the_cap_leaves_a_part_without_over_cap_items():
+    # 2 parts of 2 bins, cap 10: the part without the 15 holds at most 20 of the 45, so the
+    # part with it holds 25 or more ({15} {10} | {10} {9, 1}), above the mean 22.5 and two
+    # parts of the items alone (24: {15, 9} and {10, 10, 1}).
+    assert capped_parts_lower_bound(np.array([15, 10, 10, 9, 1]), 2, 2, 10) == 25
+    assert max_part_lower_bound([15, 10, 10, 9, 1], 2) == 24
+    # Over-cap items outnumbering the parts: no bound from the cap.
+    assert capped_parts_lower_bound(np.array([15, 12, 11, 1]), 2, 2, 10) == 0
+
+
+def _capped_optimum(sizes: list[int], parts: int, bins: int, cap: int) -> int | None:
+    """The lightest heaviest part over every placement into parts of `bins` bins, over-cap
+    items alone and other bins within the cap; None if there is none."""
+    best = None
+    for assign in itertools.product(range(parts * bins), repeat=len(sizes)):
+        load, count = [0] * (parts * bins), [0] * (parts * bins)
+        for size, b in zip(sizes, assign, strict=True):
+            load[b] += size
+            count[b] += 1
+        if any(count[b] > 1 and load[b] > cap for b in range(parts * bins)):
+            continue
+        top = max(sum(load[p * bins : (p + 1) * bins]) for p in range(parts))
+        best = top if best is None else min(best, top)
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(1, 25), min_size=1, max_size=6),
+    st.integers(1, 2),
+    st.integers(1, 2),
+)
+def test_the_capped_bound_never_exceeds_the_brute_force_optimum(sizes, parts, bins):
+    optimum = _capped_optimum(sizes, parts, bins, 10)
+    if optimum is not None:
+        assert capped_parts_lower_bound(np.array(sizes), parts, bins, 10) <= optimum
 
 
 @settings(max_examples=100, deadline=None)
