@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from benchmarks import bench_planner
 from slime_hydra.schedule import StepSchedule
 from tests.families import FAMILIES
@@ -24,24 +26,22 @@ def test_a_small_run_prints_every_section_and_breaks_no_invariant(capsys):
     assert sorted(targets) == sorted((n, f) for n in ("16384", "4096") for f in FAMILIES)
 
 
-def test_the_rank_bound_holds_the_longest_sample_with_the_shortest_beside_it():
-    # dp=2, K=2: 12.5 tokens a rank on average, but the rank holding the 20 holds one more
-    # sample: at least 20 + 1.
+@pytest.mark.parametrize(
+    ("lengths", "cap", "bound"),
+    [
+        # 12.5 tokens a rank on average, but the rank holding the 20 holds one more sample:
+        # at least 20 + 1.
+        ([20, 1, 2, 1, 1], 100, 21),
+        # 22.5 a rank, and two parts of the samples can be 24 and 21 ({15, 9}, {10, 10, 1}).
+        # But the rank without the over-cap 15 holds two micro-batches of at most 10: the
+        # rank with it holds the other 25 or more.
+        ([15, 10, 10, 9, 1], 10, 25),
+    ],
+)
+def test_the_rank_bound_on_a_plan_that_reaches_it(lengths, cap, bound):
+    # dp=2, K=2: micro-batches [0] [1] | [2] [3, 4].
     step = StepSchedule(
         step=0, mbs_per_rank=(2, 2), samples_per_mb=(1, 1, 1, 2), samples=(0, 1, 2, 3, 4)
     )
-    lengths = [20, 1, 2, 1, 1]
-    assert bench_planner.rank_lower_bound(step, lengths, 100) == 21
-    assert bench_planner.heaviest_rank(step, lengths) == 21
-
-
-def test_the_rank_bound_knows_the_cap_keeps_a_rank_without_over_cap_samples_under_the_mean():
-    # dp=2, K=2, cap 10: 45 tokens, 22.5 a rank, and two parts of the samples can be 24 and 21
-    # ({15, 9}, {10, 10, 1}). But the rank without the over-cap 15 holds two micro-batches of at
-    # most 10: the rank with it holds the other 25 or more, as this plan does.
-    step = StepSchedule(
-        step=0, mbs_per_rank=(2, 2), samples_per_mb=(1, 1, 1, 2), samples=(0, 1, 2, 3, 4)
-    )
-    lengths = [15, 10, 10, 9, 1]
-    assert bench_planner.rank_lower_bound(step, lengths, 10) == 25
-    assert bench_planner.heaviest_rank(step, lengths) == 25
+    assert bench_planner.rank_lower_bound(step, lengths, cap) == bound
+    assert bench_planner.heaviest_rank(step, lengths) == bound
