@@ -294,11 +294,5 @@ def capped_parts_lower_bound(sizes: np.ndarray, parts: int, bins: int, cap: int)
         return 0
     room = np.concatenate((bins * cap + over - cap, np.full(parts - over.size, bins * cap)))
     total = int(sizes.sum())
-    lo, hi = 0, int(room.max())  # every part at its room: the total, where the items pack
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if int(np.minimum(mid, room).sum()) >= total:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    # Every part at its room (T = the largest) holds the total, where the items pack at all.
+    return _least_passing(lambda t: int(np.minimum(t, room).sum()) >= total, 0, int(room.max()), 0)
