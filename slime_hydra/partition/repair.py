@@ -262,41 +262,48 @@ def _exchanges(
         near = np.searchsorted(li_size[tier], x - excess)[:, None] + np.asarray(WINDOW)
         cands.append(tier[np.clip(near, 0, tier.size - 1)])
     place = np.concatenate(cands, axis=1)
-    take = li[place]
-    to = li_bin[place]
-    d = x[:, None] - li_size[place]
-    # A move: to the bin of least room that holds the whole item.
-    fit = np.minimum(np.searchsorted(rooms, x), open_bins.size - 1)
-    to = np.concatenate((to, open_bins[fit][:, None]), axis=1)
-    take = np.concatenate((take, np.full((hi.size, 1), -1, dtype=np.int64)), axis=1)
-    d = np.concatenate((d, x[:, None]), axis=1)
-    ok = (d > 0) & ((take >= 0) | (counts[heavy] > 1)[:, None])
-    gain = np.where(ok, np.minimum(d, excess[:, None]) - np.maximum(d - room[to], 0), 0)
-    after = load[to] + d
-    fill = np.where(after <= cap, after, 0)
-    score = np.where(gain > 0, gain * (int(np.abs(after).max()) + 1) + fill, -1)
-    row = np.arange(hi.size)
-    # The rows by heavy bin, then item, once a pass: each round takes each bin's best row.
-    by_bin = ascending_by(heavy, hi)
-    first = np.flatnonzero(run_starts(heavy[by_bin]))
-    rows_of = np.diff(np.append(first, hi.size))
+    # The swaps' columns, then the move's: to the bin of least room that holds the whole item.
+    to = np.empty((hi.size, COLUMNS), dtype=np.int64)
+    take = np.full((hi.size, COLUMNS), -1, dtype=np.int64)
+    d = np.empty((hi.size, COLUMNS), dtype=np.int64)
+    to[:, :-1], take[:, :-1] = li_bin[place], li[place]
+    np.subtract(x[:, None], li_size[place], out=d[:, :-1])
+    to[:, -1] = open_bins[np.minimum(np.searchsorted(rooms, x), open_bins.size - 1)]
+    d[:, -1] = x
+    to_room = room[to]  # every bin taken to has room: its load is cap - room
+    gain = np.minimum(d, excess[:, None]) - np.maximum(d - to_room, 0)
+    ok = (d > 0) & ((take >= 0) | (counts[heavy] > 1)[:, None]) & (gain > 0)
+    after = cap - to_room + d
+    fill = np.where(d <= to_room, after, 0)
+    score = np.where(ok, gain * (int(np.abs(after).max()) + 1) + fill, -1)
+    # The rows by heavy bin, then item, once a pass: each round takes each bin's best row, of
+    # the rows whose heavy bin is in no exchange yet, against light bins in none.
+    rows = ascending_by(heavy, hi)
     used = np.zeros(len(load), dtype=bool)  # bins in an exchange chosen this pass
     parts = []
     for _ in range(ROUNDS):
-        free = np.where(used[to] | used[heavy][:, None], -1, score) if parts else score
+        if parts:
+            rows = rows[~used[heavy[rows]]]
+            if rows.size == 0:
+                break
+            free = np.where(used[to[rows]], -1, score[rows])
+        else:
+            free = score[rows]
         col = free.argmax(axis=1)
-        best, to_c, take_c = free[row, col], to[row, col], take[row, col]
+        at = np.arange(rows.size)
+        best, to_c = free[at, col], to[rows, col]
         # One per heavy bin, then one per light bin, the largest gain first; ties by item.
-        in_bin = best[by_bin]
-        top = np.repeat(np.maximum.reduceat(in_bin, first), rows_of)
-        keep = by_bin[(in_bin == top) & (top > 0)]
+        first = np.flatnonzero(run_starts(heavy[rows]))
+        top = np.repeat(np.maximum.reduceat(best, first), np.diff(np.append(first, rows.size)))
+        keep = np.flatnonzero((best == top) & (top > 0))  # places in `rows`
         if keep.size == 0:
             break
-        keep = keep[run_starts(heavy[keep])]
-        keep = keep[np.lexsort((hi[keep], -best[keep], to_c[keep]))]
+        keep = keep[run_starts(heavy[rows[keep]])]
+        keep = keep[np.lexsort((hi[rows[keep]], -best[keep], to_c[keep]))]
         keep = keep[run_starts(to_c[keep])]
-        used[heavy[keep]] = used[to_c[keep]] = True
-        parts.append((heavy[keep], to_c[keep], hi[keep], take_c[keep]))
+        chosen = rows[keep]
+        used[heavy[chosen]] = used[to_c[keep]] = True
+        parts.append((heavy[chosen], to_c[keep], hi[chosen], take[chosen, col[keep]]))
     if not parts:
         return Exchanges.none(0)
     h, t, g, k = (np.concatenate(p) for p in zip(*parts, strict=True))
