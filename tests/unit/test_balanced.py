@@ -505,6 +505,30 @@ def test_even_groups_pairs_open_bins_past_a_locked_one():
     assert _loads(bin_of // 2, sizes, 2) == [65, 69]
 
 
+def test_even_groups_gives_a_group_pairs_open_bins_half_its_gap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Cap 50, three bins a rank. Rank 0: two over-cap 60s alone (locked) and fifty 1s (170);
+    # rank 1: three 10s (30). The goal is 121 (the locked 120 and one 1). The one open pair
+    # of bins may move half the gap: 40 of the 1s in the first pass (the light bin's room),
+    # 9 in the second, 121 against 79. With 1/(2k) of the gap a bin pair, as where no bin is
+    # locked, it moved 23, 15, 10 and 1 in four passes.
+    sizes = np.concatenate(([60, 60], np.ones(50, dtype=np.int64), [10, 10, 10]))
+    bin_of = np.concatenate(([0, 1], np.full(50, 2), [3, 4, 5]))
+    fixed = np.arange(sizes.size) < 2
+    moved = []
+
+    def spy(*args: object, **kwargs: object) -> object:
+        ex = bulk_moves(*args, **kwargs)
+        moved.append(ex.give.size)
+        return ex
+
+    monkeypatch.setattr("slime_hydra.partition.ranks.bulk_moves", spy)
+    even_groups(bin_of, sizes, sizes, 2, 50, 0.0025, Work(10**6), fixed)
+    assert moved == [40, 9]
+    assert _loads(bin_of // 3, sizes, 2) == [121, 79]
+
+
 def test_even_groups_spends_nothing_where_whole_items_already_set_the_heaviest_group():
     # Seven items of 10 on three ranks of one bin each: some rank holds three (30), above the
     # mean of 23.3 and its tolerance, but at the proven bound on the heaviest of three parts.
