@@ -14,6 +14,7 @@ from slime_hydra.partition.base import PASS_OVERHEAD
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.construct import construct, fit_rounds, largest_fit
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
+from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.improve import hopeless, improve
 from slime_hydra.partition.ranks import even_groups, own_ranks
 from slime_hydra.partition.repair import repair
@@ -113,6 +114,17 @@ def test_counts_below_first_fit_decreasing_are_bisected_not_walked(monkeypatch):
     assert found is not None and found[0] == 300
     assert np.bincount(found[1]).tolist() == [2] * 300
     assert len(set(tried)) <= 10  # ⌈log2(200)⌉ + 2
+
+
+def test_a_count_below_one_packed_is_cut_from_that_packing_not_first_fit_decreasings():
+    # 300 GRPO samples under a cap of 4,096: at least 101 bins, first-fit decreasing packs
+    # 103. The search packs 102, then cuts that packing to 101 and repairs it within the cap;
+    # first-fit decreasing's packing cut to 101 (two bins' items over the others) did not.
+    s = lengths_of("grpo", np.random.default_rng([75, 300]), 300, 4096)
+    assert int(np.ceil(s.sum() / 4096)) == 101 and first_fit_decreasing(s, 4096).max() == 102
+    found = BalancedPacker()(s, s, range(101, 301), 4096, Work(100_000))
+    assert found is not None and found[0] == 101
+    assert max(_loads(found[1], s, 101)) <= 4096 and min(np.bincount(found[1])) >= 1
 
 
 def test_where_ffd_packs_the_count_the_plan_starts_from_the_construction_repaired():
