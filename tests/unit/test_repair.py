@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from slime_hydra.partition import BalancedPacker, Work, balanced
 from slime_hydra.partition import repair as repair_module
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.construct import fit_rounds
+from slime_hydra.partition.construct import cut_to, fit_rounds
 from slime_hydra.partition.deal import ascending
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.repair import _chains, pass_visits, repair, spill
@@ -224,15 +224,25 @@ def test_a_spill_packs_within_the_cap_and_moves_only_what_was_over(case):
     assert total == bins + (0 if not moved.any() else len(set(bin_of[moved].tolist())))
 
 
-def test_chains_and_the_spill_each_lower_the_count_the_search_ends_at(monkeypatch):
+def test_chains_lower_the_count_and_the_spill_the_counts_the_search_repairs(monkeypatch):
     # 800 GRPO samples, cap 8,192, dp1: K_lb 311, first-fit decreasing needs 316, and the
-    # count oracle packs 314 but not 313. The repairs' chains through bins at the cap pack 313.
-    # Without chains the search's repairs of 313 stop over the cap; their excess shed into new
-    # bins packs 314. Without the spill too the bisection's budget runs out above it: 315.
+    # count oracle packs 314 but not 313. The repairs' chains through bins at the cap pack 313
+    # (and 312 is tried). Without chains the search's repairs of 313 stop over the cap; their
+    # excess shed into new bins packs 314, so no count between is repaired. Without the spill
+    # too the bisection tries 315 (first-fit decreasing's packing cut), then 314 (that packing
+    # cut): the same count, two more repairs.
     lengths = lengths_of("grpo", np.random.default_rng(67), 800, 8192)
     assert microbatch_lower_bound(lengths, 8192, 1, 1) == 311
+    cut = []
+
+    def counted(bin_of: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:
+        cut.append(bins)
+        return cut_to(bin_of, sizes, bins)
+
+    monkeypatch.setattr(balanced, "cut_to", counted)
 
     def count() -> int:
+        cut.clear()
         strategy = DynamicBatching(ParallelLayout(dp=1), None, 8192)
         step = strategy.plan(lengths.tolist(), list(range(800))).steps[0]
         assert not step_metrics(step, lengths.tolist(), 8192, ParallelLayout(dp=1), (1.0, 0.0))[
@@ -240,11 +250,11 @@ def test_chains_and_the_spill_each_lower_the_count_the_search_ends_at(monkeypatc
         ]
         return step.num_microbatches
 
-    assert count() == 313
+    assert (count(), cut) == (313, [313, 312])
     monkeypatch.setattr(repair_module, "_chains", lambda *args, whole: Exchanges.none(0))
-    assert count() == 314
+    assert (count(), cut) == (314, [313])
     monkeypatch.setattr(balanced, "spill", lambda bin_of, sizes, bins, cap: len(sizes) + 1)
-    assert count() == 315
+    assert (count(), cut) == (314, [313, 315, 314])
 
 
 def test_the_count_search_reaches_k_lb_where_paired_exchanges_stall():
