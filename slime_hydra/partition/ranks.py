@@ -1,7 +1,8 @@
 """DP ranks' shares of a step: the heavy items set apart on ranks of their own (`own_ranks`),
-and groups of bins (a rank's micro-batches) evened in place by bulk moves of light items and
-single exchanges between the heaviest groups and the lightest, within a work budget
-(`even_groups`)."""
+the over-cap items on theirs where the cap keeps the other ranks under their share
+(`capped_ranks`), and groups of bins (a rank's micro-batches) evened in place by bulk moves of
+light items and single exchanges between the heaviest groups and the lightest, within a work
+budget (`even_groups`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
+from slime_hydra.partition.construct import deal_rounds, largest_fit, pour
 from slime_hydra.partition.deal import ascending, descending, run_starts
 from slime_hydra.partition.exchange import Exchanges, bulk_moves, bulk_visits, visits
 from slime_hydra.partition.improve import Packing, hopeless
@@ -207,3 +209,61 @@ def own_ranks(weights: np.ndarray, dp: int, k: int) -> tuple[np.ndarray, np.ndar
     items = np.concatenate((asc[::-1][: g + h], asc[: ends[-1]]))
     bins = np.concatenate((np.arange(g + h) * k, group * k + 1 + within % (k - 1)))
     return items, bins, g + h
+
+
+def capped_ranks(sizes: np.ndarray, groups: int, k: int, cap: int) -> np.ndarray | None:
+    """Where the cap keeps the groups without an over-cap item under the mean group (their k
+    bins hold at most k·cap), the bin of each item (group r's m-th bin r·k + m): each over-cap
+    item alone in the first bin of a group of its own; the other groups' bins filled to the cap
+    by largest fit in rounds (the largest items that fit first, the small ones filling what is
+    left); and the items left poured (construct.pour) into the bins beside the over-cap items,
+    each toward its part of what its group takes where those groups end at one level (each at
+    most its item and k - 1 bins of the cap less the largest item left), so the group of the
+    largest item takes the least. A packing balanced by bin gives an over-cap item's group k - 1
+    bins as full as the others', and evening cannot move items into groups at the cap. None
+    where the over-cap items are none or not fewer than the groups, k < 2, fewer items are left
+    than bins beside them, or one of those would break the cap."""
+    over = np.flatnonzero(sizes > cap)
+    r = over.size
+    if r == 0 or r >= groups or k < 2:
+        return None
+    normal = np.flatnonzero(sizes <= cap)
+    order = normal[ascending(sizes[normal])]
+    placed = largest_fit(sizes[order], np.full((groups - r) * k, cap, dtype=np.int64))
+    left = order[placed < 0][::-1]  # heaviest first
+    if left.size < r * (k - 1):
+        return None
+    bin_of = np.empty(sizes.size, dtype=np.int64)
+    over = over[descending(sizes[over])]
+    bin_of[over] = np.arange(r) * k
+    fits = placed >= 0
+    bin_of[order[fits]] = r * k + placed[fits]
+    # The groups' loads where the left items fill them to one level, each group at most its
+    # item and k - 1 bins of `room`; each bin beside an item starts at the cap less its part of
+    # what its group takes, so pouring to one level fills each to within half an item of it.
+    heavy = sizes[over].astype(np.float64)
+    room = cap - int(sizes[left[0]])  # a bin's part less the largest item: poured, it holds
+    take = _water(heavy + (k - 1) * room, float(heavy.sum() + sizes[left].sum())) - heavy
+    load = np.repeat(np.rint(cap - take / (k - 1)).astype(np.int64), k - 1)
+    beside = (np.arange(r)[:, None] * k + np.arange(1, k)[None, :]).ravel()
+    where = np.empty(left.size, dtype=np.int64)
+    ids = np.arange(left.size)
+    rest = np.flatnonzero(pour(ids, sizes[left], where, load))
+    deal_rounds(rest, sizes[left][rest], where, load)
+    bin_of[left] = beside[where]
+    real = np.bincount(where, sizes[left], minlength=beside.size)
+    if int(real.max()) > cap or int(np.bincount(where, minlength=beside.size).min()) == 0:
+        return None
+    return bin_of
+
+
+def _water(capacities: np.ndarray, total: float) -> np.ndarray:
+    """What each of parts of these `capacities` holds where `total` fills them to one level,
+    none over its capacity: min(level, capacity), summing to `total` where they can hold it
+    (each at its capacity where they cannot)."""
+    asc = np.sort(capacities)
+    # With the j smallest parts at their capacity, the others share what is left evenly.
+    full = np.concatenate(([0.0], np.cumsum(asc)[:-1]))
+    levels = (total - full) / np.arange(asc.size, 0, -1)
+    fits = np.flatnonzero(levels <= asc)
+    return np.minimum(capacities, levels[fits[0]] if fits.size else np.inf)

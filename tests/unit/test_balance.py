@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.errors import SlimeHydraError
 from slime_hydra.partition import align_up, first_fit_decreasing
+from slime_hydra.partition.bounds import capped_parts_lower_bound
 from slime_hydra.schedule import (
     DynamicBatching,
     ParallelLayout,
@@ -155,6 +156,26 @@ def test_ranks_of_their_own_where_first_fit_decreasing_packs_a_rest_too_full_for
     )
     loads = [sum(int(lengths[i]) for mb in rank for i in mb) for rank in step.ranks]
     assert max(loads) <= 1.005 * int(lengths.sum()) / 16
+
+
+def test_where_the_cap_keeps_the_other_ranks_under_the_mean_over_cap_samples_get_their_own():
+    # 1,200 samples on dp16, K = 3, cap 4,096, 16 of them over it: the ranks without one hold
+    # at most 12,288, under the mean, so those with one hold more (the capped bound: 12,985).
+    # Packed by micro-batch, an over-cap sample's rank held two micro-batches as full as the
+    # others': 1.087 of the bound. On ranks of their own beside micro-batches poured to a level
+    # (the other ranks' filled to the cap): within 1% of it.
+    lengths = lengths_of("oversize", np.random.default_rng([92, 1200]), 1200, 4096)
+    step = (
+        DynamicBatching(ParallelLayout(dp=16), None, 4096, oversize="isolate")
+        .plan(lengths.tolist(), list(range(1200)))
+        .steps[0]
+    )
+    assert step.num_microbatches == 3
+    assert capped_parts_lower_bound(lengths, 16, 3, 4096) == 12985
+    loads = [sum(int(lengths[i]) for mb in rank for i in mb) for rank in step.ranks]
+    assert max(loads) <= 1.01 * 12985
+    metrics = step_metrics(step, lengths.tolist(), 4096, ParallelLayout(dp=16), SQUARE)
+    assert metrics["batch/cap_violations"] == metrics["batch/empty_microbatches"] == 0
 
 
 def _rank_loads(lengths: np.ndarray, layout: ParallelLayout) -> list[int]:

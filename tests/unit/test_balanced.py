@@ -16,7 +16,7 @@ from slime_hydra.partition.construct import construct, fit_rounds, largest_fit
 from slime_hydra.partition.exchange import best_exchanges, bulk_moves
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.improve import hopeless, improve
-from slime_hydra.partition.ranks import even_groups, own_ranks
+from slime_hydra.partition.ranks import capped_ranks, even_groups, own_ranks
 from slime_hydra.partition.repair import repair
 from slime_hydra.schedule import DynamicBatching, ParallelLayout, step_metrics
 from slime_hydra.schedule.metrics import microbatch_lower_bound
@@ -306,6 +306,60 @@ def test_own_ranks_set_the_heavy_items_apart_with_the_lightest_beside_them():
     assert groups == 3
     placed = dict(zip(items.tolist(), bins.tolist(), strict=True))
     assert placed == {0: 0, 3: 2, 4: 4, 2: 1, 1: 3, 8: 3, 7: 5}
+
+
+def test_capped_ranks_fill_the_other_ranks_to_the_cap_and_pour_the_rest_beside_an_over_cap_item():
+    # Cap 10, three ranks of three bins: an 18 and forty 2s. The other ranks' six bins take five
+    # 2s each (30 a rank); the ten left (20) go beside the 18, 10 a bin (its capacity: 38).
+    sizes = np.array([18] + [2] * 40)
+    bin_of = capped_ranks(sizes, 3, 3, 10)
+    assert bin_of is not None and bin_of[0] == 0
+    assert _loads(bin_of, sizes, 9) == [18] + [10] * 8
+
+
+def test_capped_ranks_level_the_over_cap_items_ranks_as_far_as_their_bins_hold():
+    # Cap 10, four ranks of two bins: a 19, a 13 and twenty-six 2s. The two ranks without one
+    # take five 2s a bin; twelve tokens are left. Levelled, the 13's rank would take 9, but a bin
+    # beside it holds 8 (the cap less the largest item left, so that pouring stays under it):
+    # the 19 takes the other 4, ranks 23, 21, 20, 20.
+    sizes = np.array([19, 13] + [2] * 26)
+    bin_of = capped_ranks(sizes, 4, 2, 10)
+    assert bin_of is not None and bin_of[:2].tolist() == [0, 2]
+    assert _loads(bin_of, sizes, 8) == [19, 4, 13, 8, 10, 10, 10, 10]
+
+
+@PROPERTY
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(2, 24),
+    st.integers(2, 6),
+    st.sampled_from([64, 256, 4096]),
+    st.floats(0.8, 1.3),
+)
+def test_capped_ranks_place_every_item_once_within_the_cap_and_alone_over_it(
+    seed, groups, k, cap, fill
+):
+    # Over-cap items on up to every rank but one, and small ones about `fill` times what the
+    # other ranks' bins hold (more than they hold: the steps capped_ranks is for).
+    rng = np.random.default_rng(seed)
+    over = rng.integers(cap + 1, 2 * cap, int(rng.integers(1, groups)))
+    small = rng.integers(1, cap // 8 + 2, int(fill * (groups - over.size) * k * cap / (cap / 16)))
+    sizes = rng.permutation(np.concatenate((over, small)))
+    bin_of = capped_ranks(sizes, groups, k, cap)
+    assume(bin_of is not None)
+    assert bin_of.shape == sizes.shape and bin_of.min() >= 0 and bin_of.max() < groups * k
+    counts = np.bincount(bin_of, minlength=groups * k)
+    loads = np.bincount(bin_of, sizes, groups * k)
+    assert (counts > 0).all()
+    assert ((loads <= cap) | (counts == 1)).all()
+    heavy = np.flatnonzero(sizes > cap)
+    assert sorted(bin_of[heavy].tolist()) == [r * k for r in range(heavy.size)]  # a rank each
+
+
+def test_capped_ranks_need_fewer_over_cap_items_than_ranks_and_two_bins_a_rank():
+    assert capped_ranks(np.array([18, 19] + [2] * 20), 2, 3, 10) is None  # no rank left
+    assert capped_ranks(np.array([18] + [2] * 20), 3, 1, 10) is None  # k < 2
+    assert capped_ranks(np.array([2] * 20), 3, 2, 10) is None  # none over the cap
 
 
 def test_own_ranks_set_none_apart_where_heavy_items_take_every_group_or_none_is_heavy():
