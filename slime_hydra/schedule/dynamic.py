@@ -245,22 +245,7 @@ class DynamicBatching(BatchingStrategy):
         the fewer micro-batches, then the lighter heaviest rank, kept. Where the ranks set apart
         are over the tolerance themselves, the step is packed whole first, and kept at once
         where it has `k` micro-batches a rank and none heavier than they are: no plan around
-        them could be lighter. Balancing by tokens, a plan over the tolerance where the cap
-        binds is then weighed against the over-cap samples on ranks of their own (`_capped`)."""
-        found = self._pack_balanced(sizes, weights, k, exact, budget)
-        if found is None or weights is not sizes:
-            return found
-        return self._capped(sizes, found, budget[0])
-
-    def _pack_balanced(
-        self,
-        sizes: np.ndarray,
-        weights: np.ndarray,
-        k: int,
-        exact: bool,
-        budget: tuple[int, int],
-    ) -> tuple[int, np.ndarray] | None:
-        """`_pack` by balanced micro-batches: packed whole, or around samples set apart."""
+        them could be lighter."""
         dp = self.layout.dp
         apart = own_ranks(weights, dp, k)
         if apart is None:
@@ -377,7 +362,8 @@ class DynamicBatching(BatchingStrategy):
         """`_pack` on `dp` ranks, every sample packed with the others. With a `floor` (the
         heaviest of the ranks `_pack_around` set apart) no rank need weigh less, the
         micro-batches are not balanced (their samples are heavier) and the ranks get the step's
-        budget."""
+        budget; without, balancing by tokens, a plan over the tolerance where the cap binds is
+        weighed against the over-cap samples on ranks of their own (`_capped`)."""
         cap = self.cap
         assert cap is not None
         g = self.layout.microbatch_alignment
@@ -414,7 +400,9 @@ class DynamicBatching(BatchingStrategy):
         ranks = Work(step_budget - min(work.spent, share))
         tolerance = self.partitioner.tolerance / 4
         even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor)
-        return k, bin_of
+        if floor or weights is not sizes:
+            return k, bin_of
+        return self._capped(sizes, (k, bin_of), step_budget)
 
     def _fastest(
         self, sizes: np.ndarray, weights: np.ndarray, k: int, bin_of: np.ndarray
