@@ -83,22 +83,21 @@ class BalancedPacker:
         the constructions and the repairs (of the fewest-bins packing found so far, FFD's at first,
         cut to the count, whose bins are full, the whole-step repair of partition.repair, first
         within the step's `budget`; of largest fit: paired exchanges, then the whole-step repair;
-        the cut's repair resumed), so a step tries
-        O(log) counts, not every one up to it; a count whose repairs stop over the cap is not
-        wasted: the better of its two starts, its bins' excess shed into new bins
-        (partition.repair.spill), packs a count that lowers the top of the bisection where it is
-        below it. The repairs share one budget of their own (`_repairs`), so a count that cannot be
-        packed leaves the balancing its budget, and the search costs at most that in exchanges
-        besides its constructions and the first cut repairs; at FFD's own count the balanced
-        construction repaired (within the step's `budget`) and largest fit still go first: FFD fills
-        its bins to the cap and leaves its last ones nearly empty. The plan found is then balanced
-        within `work`: exchanges with half of it; where they stop above the goal, by tokens,
-        MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges again; where
-        the heaviest bin still ends over the tolerance, the refit (`_refit`) with a repairs' budget
-        of its own (where `work` has any budget: a call with none, count=fastest's constructions of
-        its candidate counts, balances nothing). A step of at least 2 × `group_items` items is
-        packed so through its groups' heads (partition.grouping) and the heads' packing copied,
-        where that loses too little room."""
+        the cut's repair resumed), so a step tries O(log) counts, not every one up to it; a count
+        whose repairs stop over the cap is not wasted: the better of its two starts, its bins'
+        excess shed into new bins (partition.repair.spill), packs a count that lowers the top of the
+        bisection where it is below it. The repairs share one budget of their own (`_repairs`), so a
+        count that cannot be packed leaves the balancing its budget, and the search costs at most
+        that in exchanges besides its constructions and the first cut repairs; at FFD's own count
+        the balanced construction repaired (within the step's `budget`) and largest fit still go
+        first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
+        is then balanced within `work`: exchanges with half of it; where they stop above the goal,
+        by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges
+        again; where the heaviest bin still ends over the tolerance, the refit (`_refit`) with a
+        repairs' budget of its own (where `work` has any budget: a call with none, count=fastest's
+        constructions of its candidate counts, balances nothing). A step of at least 2 ×
+        `group_items` items is packed so through its groups' heads (partition.grouping) and the
+        heads' packing copied, where that loses too little room."""
         if not counts or len(sizes) < counts[0]:
             return None
         groups = Grouping.of(sizes, counts, cap, self.tolerance, self.group_items)
