@@ -242,7 +242,7 @@ def capped_ranks(sizes: np.ndarray, groups: int, k: int, cap: int) -> np.ndarray
     # item and k - 1 bins of `room`; each bin beside an item starts at the cap less its part of
     # what its group takes, so pouring to one level fills each to within half an item of it.
     heavy = sizes[over].astype(np.float64)
-    room = cap - int(sizes[left[0]])  # a bin's part less the largest item: poured, it holds
+    room = cap - int(sizes[left[0]])  # pouring ends within half an item of the level
     take = _water(heavy + (k - 1) * room, float(heavy.sum() + sizes[left].sum())) - heavy
     load = np.repeat(np.rint(cap - take / (k - 1)).astype(np.int64), k - 1)
     beside = (np.arange(r)[:, None] * k + np.arange(1, k)[None, :]).ravel()
