@@ -45,8 +45,7 @@ def construct(weights: np.ndarray, bins: int, tolerance: float) -> np.ndarray:
         ids, vals = order[start:poured][::-1], w[start:poured][::-1]  # ascending
         bin_of[ids], load = _fill_to(vals, load, level, weights, bins, tolerance)
     if poured < n:
-        left = poured + np.flatnonzero(pour(order[poured:], w[poured:], bin_of, load))
-        deal_rounds(order[left], w[left], bin_of, load)
+        pour(order[poured:], w[poured:], bin_of, load)
     return bin_of
 
 
@@ -66,8 +65,8 @@ def _by_count(order: np.ndarray, w: np.ndarray, bin_of: np.ndarray, load: np.nda
     few = (bins - more) * per_bin  # the largest items, per_bin to each of bins - more bins
     place = np.empty(n, dtype=np.int64)  # by position in `w`
     heavy, light = np.zeros(bins - more, dtype=np.int64), np.zeros(more, dtype=np.int64)
-    deal_rounds(np.arange(few), w[:few], place, heavy)
-    deal_rounds(np.arange(few, n), w[few:], place, light)
+    _deal_rounds(np.arange(few), w[:few], place, heavy)
+    _deal_rounds(np.arange(few, n), w[few:], place, light)
     if max(int(heavy.max()), int(light.max())) >= int(load.max()):
         return bin_of
     place[few:] += bins - more
@@ -147,7 +146,7 @@ def _fit_below(vals: np.ndarray, load: np.ndarray, top: int) -> np.ndarray:
     over = np.flatnonzero(vals > room.max())[::-1]
     if over.size:
         trial = load.copy()
-        deal_rounds(over, vals[over], got, trial)
+        _deal_rounds(over, vals[over], got, trial)
         room = np.maximum(top - trial, 0)
     fit = vals.size - over.size
     got[:fit] = largest_fit(vals[:fit], room)
@@ -163,7 +162,7 @@ def _spilled(vals: np.ndarray, got: np.ndarray, load: np.ndarray) -> tuple[np.nd
     np.add.at(trial, got[fits], vals[fits])
     where = got.copy()
     left = np.flatnonzero(~fits)[::-1]
-    deal_rounds(left, vals[left], where, trial)
+    _deal_rounds(left, vals[left], where, trial)
     return where, trial
 
 
@@ -174,7 +173,7 @@ def _deal(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarra
     load[to] += vals
 
 
-def deal_rounds(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
+def _deal_rounds(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
     """Items `ids` (heaviest first) dealt in rounds of one per bin by `_deal`."""
     for at in range(0, ids.size, load.size):
         _deal(ids[at : at + load.size], vals[at : at + load.size], bin_of, load)
@@ -191,7 +190,15 @@ def _level(load: np.ndarray, left: int) -> float:
     return float(levels[below[0]] if below.size else levels[-1])
 
 
-def pour(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> np.ndarray:
+def pour(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> None:
+    """Items `ids` (heaviest first) poured into bins at `load` to one water level (`_pour`),
+    each bin ending within half an item of it, and what rounding leaves dealt in rounds to the
+    lightest bins; `bin_of` and `load` updated in place."""
+    rest = np.flatnonzero(_pour(ids, vals, bin_of, load))
+    _deal_rounds(ids[rest], vals[rest], bin_of, load)
+
+
+def _pour(ids: np.ndarray, vals: np.ndarray, bin_of: np.ndarray, load: np.ndarray) -> np.ndarray:
     """Light items poured, bin after bin by prefix sums, into the room each bin has below the
     water level they fill: an item goes to the bin whose room holds its middle, so a bin ends
     within half an item of the level. Returns a mask of the items left (rounding only)."""
@@ -253,7 +260,7 @@ def fit_rounds(sizes: np.ndarray, bins: int, cap: int) -> np.ndarray:
     room[::-1] = cap - s[n - bins :]
     placed[: n - bins] = largest_fit(s[: n - bins], room)
     left = np.flatnonzero(placed[: n - bins] < 0)[::-1]  # largest first
-    deal_rounds(left, s[left], placed, cap - room)  # the roomiest bin is the least full
+    _deal_rounds(left, s[left], placed, cap - room)  # the roomiest bin is the least full
     bin_of = np.empty(n, dtype=np.int64)
     bin_of[order] = placed
     return bin_of
@@ -271,5 +278,5 @@ def cut_to(bin_of: np.ndarray, sizes: np.ndarray, bins: int) -> np.ndarray:
     left = np.flatnonzero(out < 0)
     left = left[descending(sizes[left])]
     kept = out >= 0
-    deal_rounds(left, sizes[left], out, np.bincount(out[kept], sizes[kept], bins).astype(np.int64))
+    _deal_rounds(left, sizes[left], out, np.bincount(out[kept], sizes[kept], bins).astype(np.int64))
     return out

@@ -10,7 +10,7 @@ import numpy as np
 
 from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
-from slime_hydra.partition.construct import deal_rounds, largest_fit, pour
+from slime_hydra.partition.construct import largest_fit, pour
 from slime_hydra.partition.deal import ascending, descending, run_starts
 from slime_hydra.partition.exchange import Exchanges, bulk_moves, bulk_visits, visits
 from slime_hydra.partition.improve import Packing, hopeless
@@ -247,9 +247,7 @@ def capped_ranks(sizes: np.ndarray, groups: int, k: int, cap: int) -> np.ndarray
     load = np.repeat(np.rint(cap - take / (k - 1)).astype(np.int64), k - 1)
     beside = (np.arange(r)[:, None] * k + np.arange(1, k)[None, :]).ravel()
     where = np.empty(left.size, dtype=np.int64)
-    ids = np.arange(left.size)
-    rest = np.flatnonzero(pour(ids, sizes[left], where, load))
-    deal_rounds(rest, sizes[left][rest], where, load)
+    pour(np.arange(left.size), sizes[left], where, load)
     bin_of[left] = beside[where]
     real = np.bincount(where, sizes[left], minlength=beside.size)
     if int(real.max()) > cap or int(np.bincount(where, minlength=beside.size).min()) == 0:
