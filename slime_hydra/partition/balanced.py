@@ -21,7 +21,7 @@ from slime_hydra.partition.construct import construct, cut_to, fit_rounds
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.grouping import Grouping
 from slime_hydra.partition.improve import improve
-from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
+from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty
 from slime_hydra.partition.repair import repair, spill
 
 NEAR_PASSES = 4
@@ -48,9 +48,10 @@ class BalancedPacker:
     each on a current x86 core, so the default is about 5 ms; 0 (with budget_per_sample 0): no
     exchanges at all."""
     budget_per_sample: int = 2 * VISITS_PER_ITEM
-    """More work for balancing the micro-batches, per sample of the step: two MULTIFIT
-    packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops paying for from
-    7,500 samples a step, where the exchanges alone stall 2-4% above the bound."""
+    """More work for balancing the micro-batches, per sample of the step: two first-fit
+    decreasing packings' worth (VISITS_PER_ITEM a sample each), which a fixed budget stops
+    paying for from 7,500 samples a step, where the exchanges alone stall 2-4% above the
+    bound."""
     repair_budget_per_sample: int = 10 * VISITS_PER_ITEM
     """Work for the whole-step repairs, per sample of the step besides its `budget`, once for
     the count search's cap repairs, spent only where the constructions break the cap at the
@@ -92,12 +93,12 @@ class BalancedPacker:
         the balanced construction repaired (within the step's `budget`) and largest fit still go
         first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
         is then balanced within `work`: exchanges with half of it; where they stop above the goal,
-        by tokens, MULTIFIT (partition.multifit) below the heaviest bin they reached; exchanges
-        again; where the heaviest bin still ends over the tolerance, the refit (`_refit`) with a
-        repairs' budget of its own (where `work` has any budget: a call with none, count=fastest's
-        constructions of its candidate counts, balances nothing). A step of at least 2 ×
-        `group_items` items is packed so through its groups' heads (partition.grouping) and the
-        heads' packing copied, where that loses too little room."""
+        by tokens, first-fit decreasing under the goal (partition.multifit) where it packs;
+        exchanges again; where the heaviest bin still ends over the tolerance, the refit
+        (`_refit`) with a repairs' budget of its own (where `work` has any budget: a call with
+        none, count=fastest's constructions of its candidate counts, balances nothing). A step of
+        at least 2 × `group_items` items is packed so through its groups' heads
+        (partition.grouping) and the heads' packing copied, where that loses too little room."""
         if not counts or len(sizes) < counts[0]:
             return None
         groups = Grouping.of(sizes, counts, cap, self.tolerance, self.group_items)
@@ -201,8 +202,10 @@ class BalancedPacker:
         if top > goal:
             tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
             if tokens:
-                low = int(goal / (1 + self.tolerance / 2))  # the bound `goal` was set from
-                refit = multifit(sizes, bins, low, top, int(goal), self.tolerance / 4, work)
+                # One limit, the goal: where FFD does not pack under it, MULTIFIT's bisection
+                # toward the heaviest bin found packings the refit below redid (third and
+                # truncated steps; docs/planner.md, twenty-seventh round).
+                refit = ffd_within(sizes, bins, int(goal), work)
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
             if tokens and work.budget:  # none where the call asks for no balancing at all
@@ -236,7 +239,7 @@ class BalancedPacker:
         `work`), first as it is for NEAR_PASSES passes, then from largest fit in rounds under
         T, if that packs; else `bin_of`, unchanged.
         Exchanges of one item at a time stall in local optima where bins hold few items, and
-        MULTIFIT's first-fit decreasing under T needs more bins; the repair searches every bin
+        first-fit decreasing under T needs more bins; the repair searches every bin
         with room. On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
         (truncated and around-cap/3 steps of 3-5 samples a micro-batch), it packed 41 within
         the repairs' budget; the goal's half tolerance as T packed 24 (docs/planner.md). It has

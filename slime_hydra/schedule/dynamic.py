@@ -10,7 +10,7 @@ One algorithm for every step, its work bounded:
    oversize=isolate) by the partitioner (partition.balanced.BalancedPacker: an O(n log n)
    construction, then cap repairs and balancing exchanges within its work budget, first-fit
    decreasing where the repairs fall short, and where the exchanges stall above the bound by
-   tokens, MULTIFIT: first-fit decreasing under a bisected load limit, in the same budget;
+   tokens, first-fit decreasing under the balancing goal (MULTIFIT's packing), in the same budget;
    where the heaviest still ends over the tolerance, the step packed again under it by the
    whole-step repair).
    Where it cannot fill dp·K micro-batches within the cap, K rises by the VPP alignment: a K

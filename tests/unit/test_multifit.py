@@ -1,5 +1,5 @@
-"""partition.multifit: first-fit decreasing under a bisected load limit, by hand and as
-properties, and the packer's use of it where exchanges stall above the bound."""
+"""partition.multifit: first-fit decreasing under a load limit, by hand and as properties, and
+the packer's use of it where exchanges stall above the bound."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.multifit import VISITS_PER_ITEM, fill_empty, multifit
+from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty
 
 SIZES = np.array([7, 6, 5, 4, 3, 3])
 ONE_PACKING = VISITS_PER_ITEM * SIZES.size + PASS_OVERHEAD
@@ -19,27 +19,27 @@ def _loads(bin_of: np.ndarray, w: np.ndarray, bins: int) -> list[int]:
     return np.bincount(bin_of, weights=w, minlength=bins).astype(int).tolist()
 
 
-def test_multifit_bisects_to_the_lowest_limit_first_fit_decreasing_packs():
-    # Two bins, bound 14. FFD under 14: {7, 6}, {5, 4, 3}, {3}: three bins. Under 16:
-    # {7, 6, 3}, {5, 4, 3}; under 15: {7, 6}, {5, 4, 3, 3}. So 15, after three packings (the
-    # optimum, {7, 4, 3} and {6, 5, 3}, is one FFD does not find).
-    work = Work(10**6)
-    bin_of = multifit(SIZES, 2, 14, 17, 14, 0.0, work)
-    assert bin_of is not None
-    assert _loads(bin_of, SIZES, 2) == [13, 15]
-    assert work.spent == 3 * ONE_PACKING
+def test_ffd_within_packs_under_the_limit_where_it_needs_no_more_bins():
+    # Two bins of SIZES (bound 14). FFD under 16: {7, 6, 3}, {5, 4, 3}; under 15: {7, 6},
+    # {5, 4, 3, 3}. One packing each.
+    for limit, loads in ((16, [16, 12]), (15, [13, 15])):
+        work = Work(10**6)
+        bin_of = ffd_within(SIZES, 2, limit, work)
+        assert bin_of is not None and _loads(bin_of, SIZES, 2) == loads
+        assert work.spent == ONE_PACKING
 
 
-def test_multifit_stops_at_the_goal():
+def test_ffd_within_tries_its_one_limit_only():
+    # Under 14 FFD needs three bins: {7, 6}, {5, 4, 3}, {3} (the optimum, {7, 4, 3} and
+    # {6, 5, 3}, is one FFD does not find). No limit above it is tried: one packing's work.
     work = Work(10**6)
-    bin_of = multifit(SIZES, 2, 14, 17, 16, 0.0, work)
-    assert bin_of is not None and _loads(bin_of, SIZES, 2) == [16, 12]
+    assert ffd_within(SIZES, 2, 14, work) is None
     assert work.spent == ONE_PACKING
 
 
-def test_multifit_starts_no_packing_the_work_cannot_pay_for():
+def test_ffd_within_starts_no_packing_the_work_cannot_pay_for():
     work = Work(ONE_PACKING - 1)
-    assert multifit(SIZES, 2, 14, 17, 14, 0.0, work) is None
+    assert ffd_within(SIZES, 2, 16, work) is None
     assert work.spent == 0
 
 
@@ -64,20 +64,23 @@ def test_the_packer_reaches_the_optimum_where_exchanges_alone_stop_above_it():
 @given(
     st.lists(st.integers(1, 60), min_size=2, max_size=40),
     st.integers(1, 8),
-    st.integers(0, 40 * ONE_PACKING),
+    st.integers(0, 60),
+    st.integers(0, 2 * ONE_PACKING),
 )
-def test_multifit_returns_a_packing_below_the_limit_it_started_from_within_its_work(
-    sizes, bins, budget
+def test_ffd_within_returns_non_empty_bins_under_its_limit_within_its_work(
+    sizes, bins, above, budget
 ):
     s = np.asarray(sizes, dtype=np.int64)
     bins = min(bins, s.size)
-    low = max(int(s.max()), -(-int(s.sum()) // bins))
-    high = int(s.sum()) + 1
+    limit = max(int(s.max()), -(-int(s.sum()) // bins)) + above
     work = Work(budget)
-    bin_of = multifit(s, bins, low, high, low, 0.0, work)
-    assert work.spent <= max(budget, 0)
+    bin_of = ffd_within(s, bins, limit, work)
+    assert work.spent <= budget
     if bin_of is not None:
         loads = np.bincount(bin_of, weights=s, minlength=bins)
         assert bin_of.min() >= 0 and bin_of.max() < bins
         assert (np.bincount(bin_of, minlength=bins) > 0).all()
-        assert low <= loads.max() < high
+        assert loads.max() <= limit
+    # Everything in one bin packs under the total: FFD finds it wherever work pays for it.
+    if budget >= VISITS_PER_ITEM * s.size + PASS_OVERHEAD:
+        assert ffd_within(s, 1, int(s.sum()), Work(budget)) is not None

@@ -270,9 +270,9 @@ def test_schedule_json_counts_steps_from_1_and_reads_back() -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_large_step_gets_balancing_work_for_each_of_its_samples(seed):
     """12,000 samples just over half the cap beside small ones on dp2: the exchanges stall
-    3.4-4.0% above the proven bound, and MULTIFIT (10 item visits a sample each packing) gets
-    them to 0.5%, but a budget fixed per step (100,000 visits) never pays for it at this size;
-    batching.partitioner.budget_per_sample does."""
+    3.4-4.0% above the proven bound, and first-fit decreasing under the goal (10 item visits a
+    sample) gets them to 0.5%, but a budget fixed per step (100,000 visits) never pays for it at
+    this size; batching.partitioner.budget_per_sample does."""
     lengths = lengths_of("over_half", np.random.default_rng(seed), 12_000, 16_384).tolist()
     layout = ParallelLayout(dp=2)
     schedule = DynamicBatching(layout, None, 16_384).plan(lengths, list(range(12_000)))
