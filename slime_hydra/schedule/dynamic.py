@@ -399,7 +399,15 @@ class DynamicBatching(BatchingStrategy):
         bin_of = place[bin_of]
         ranks = Work(step_budget - min(work.spent, share))
         tolerance = self.partitioner.tolerance / 4
-        even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor)
+        dealt = bin_of.copy()
+        if not even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor):
+            # Evened by load, a rank's micro-batches of one sample each (which cannot give) may
+            # have met the lighter ranks' roomiest: evened again from the deal with the bins
+            # that can give first, with what the first evening left, and the lighter kept.
+            again = Work(ranks.budget, ranks.spent)
+            even_groups(dealt, sizes, weights, dp, cap, tolerance, again, over, floor, True)
+            if self._heaviest((k, dealt), weights) < self._heaviest((k, bin_of), weights):
+                bin_of = dealt
         if floor or weights is not sizes:
             return k, bin_of
         return self._capped(sizes, (k, bin_of), step_budget)
