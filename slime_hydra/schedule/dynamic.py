@@ -399,15 +399,12 @@ class DynamicBatching(BatchingStrategy):
         bin_of = place[bin_of]
         ranks = Work(step_budget - min(work.spent, share))
         tolerance = self.partitioner.tolerance / 4
-        dealt = bin_of.copy()
         if not even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor):
-            # Evened by load, a rank's micro-batches of one sample each (which cannot give) may
-            # have met the lighter ranks' roomiest: evened again from the deal with the bins
-            # that can give first, with what the first evening left, and the lighter kept.
-            again = Work(ranks.budget, ranks.spent)
-            even_groups(dealt, sizes, weights, dp, cap, tolerance, again, over, floor, True)
-            if self._heaviest((k, dealt), weights) < self._heaviest((k, bin_of), weights):
-                bin_of = dealt
+            # Evened by load, a rank's micro-batches of one sample each (which cannot give it)
+            # may meet the lighter ranks' roomiest: where that stalls over the tolerance, the
+            # evening goes on with the micro-batches that can give first, in what is left of
+            # its budget (it never makes the heaviest rank heavier).
+            even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor, True)
         if floor or weights is not sizes:
             return k, bin_of
         return self._capped(sizes, (k, bin_of), step_budget)

@@ -615,7 +615,7 @@ def test_a_rank_of_one_large_sample_a_micro_batch_sheds_its_small_ones(seed):
     # 768 samples just over half the cap beside small ones on dp48 (pp4 vpp2 g8: K = 8, two
     # samples a micro-batch): ranks holding six large samples stopped 1.0498 and 1.0603 over
     # the mean where their micro-batches of one sample took the lighter ranks' roomiest; the
-    # ranks evened again with the givers first end within 0.5%.
+    # evening that goes on with the givers first ends within 0.5%.
     lengths = lengths_of("over_half", np.random.default_rng(seed), 768, 32768).tolist()
     layout = ParallelLayout(dp=48, pp=4, vpp=2, cp=2, microbatch_group_size_per_vp_stage=8)
     step = DynamicBatching(layout, None, 16384).plan(lengths, list(range(768))).steps[0]
