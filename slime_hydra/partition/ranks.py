@@ -27,11 +27,11 @@ def even_groups(
     fixed: np.ndarray | None = None,
     floor: float = 0,
     givers_first: bool = False,
-) -> bool:
+) -> float:
     """Even the weight of groups of bins (group r: bins r·k .. r·k + k - 1), in place, until the
     heaviest group is within `tolerance` of the mean (or of `floor`, the heaviest of groups
-    evened apart, where that is higher), no exchange helps or `work` is spent; whether the
-    heaviest group ended within that goal.
+    evened apart, where that is higher), no exchange helps or `work` is spent; returns the
+    heaviest group over that floor (the mean, or a proven bound where it is higher).
 
     Each pass pairs the heaviest groups with the lightest, and within a pair the heavier
     group's open bins, heaviest first, with the lighter group's, lightest first (a locked bin,
@@ -57,7 +57,7 @@ def even_groups(
     bins = int(bin_of.max()) + 1 if bin_of.size else 0
     k = bins // groups
     if groups < 2 or k == 0:
-        return True
+        return 1.0
     movable = np.ones(len(bin_of), dtype=bool) if fixed is None else ~fixed
     locked = np.zeros(bins, dtype=bool)
     if fixed is not None:
@@ -151,7 +151,7 @@ def even_groups(
             rotation += 1
             if rotation >= pool.size:
                 break
-    return bool(load.reshape(groups, k).sum(1).max() <= goal)
+    return float(load.reshape(groups, k).sum(1).max()) / floor
 
 
 def _one_per_group(ex: Exchanges, weights: np.ndarray, group_load: np.ndarray, k: int) -> Exchanges:

@@ -399,11 +399,12 @@ class DynamicBatching(BatchingStrategy):
         bin_of = place[bin_of]
         ranks = Work(step_budget - min(work.spent, share))
         tolerance = self.partitioner.tolerance / 4
-        if not even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor):
+        evened = even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor)
+        if evened > 1 + self.partitioner.tolerance:
             # Evened by load, a rank's micro-batches of one sample each (which cannot give it)
-            # may meet the lighter ranks' roomiest: where that stalls over the tolerance, the
-            # evening goes on with the micro-batches that can give first, in what is left of
-            # its budget (it never makes the heaviest rank heavier).
+            # may meet the lighter ranks' roomiest: where that stalls over the micro-batches'
+            # tolerance, the evening goes on with the micro-batches that can give first, in
+            # what is left of its budget (it never makes the heaviest rank heavier).
             even_groups(bin_of, sizes, weights, dp, cap, tolerance, ranks, over, floor, True)
         if floor or weights is not sizes:
             return k, bin_of

@@ -603,10 +603,10 @@ def test_even_groups_pairs_the_lighter_groups_roomiest_bins_with_bins_that_can_g
     w = np.array([10, 4, 4, 9, 2, 1])
     start = np.array([0, 1, 1, 2, 3, 3])
     bin_of = start.copy()
-    assert not even_groups(bin_of, w, w, 2, 100, 0.0, Work(10**6))
+    assert even_groups(bin_of, w, w, 2, 100, 0.0, Work(10**6)) == 18 / 15
     assert _loads(bin_of // 2, w, 2) == [18, 12]
     bin_of = start.copy()
-    assert even_groups(bin_of, w, w, 2, 100, 0.0, Work(10**6), givers_first=True)
+    assert even_groups(bin_of, w, w, 2, 100, 0.0, Work(10**6), givers_first=True) == 1.0
     assert _loads(bin_of, w, 4) == [10, 5, 9, 6]
 
 
