@@ -239,8 +239,8 @@ class BalancedPacker:
         `work`), first as it is for NEAR_PASSES passes, then from largest fit in rounds under
         T, if that packs; else `bin_of`, unchanged.
         Exchanges of one item at a time stall in local optima where bins hold few items, and
-        first-fit decreasing under T needs more bins; the repair searches every bin
-        with room. On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
+        first-fit decreasing under T needs more bins; the repair searches every bin with room.
+        On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
         (truncated and around-cap/3 steps of 3-5 samples a micro-batch), it packed 41 within
         the repairs' budget; the goal's half tolerance as T packed 24 (docs/planner.md). It has
         a budget of its own: after a count search that could not pack K_lb had spent its

@@ -45,10 +45,9 @@ def even_groups(
     `givers_first`, those whose heavier bin can give), of half the groups' gap: 1/(2k) of it
     where no bin is locked. (With k shares always, a rank whose other micro-batches hold
     over-cap samples alone shed 1/(2k) of its gap a pass: an oversize step of 4,011 samples on
-    dp48, K = 3, took 14 passes where it takes 5.) Where
-    none can move, the pair of groups makes the one exchange, of all its bin pairs, that
-    brings them nearest (a shift in (0, gap)). So the heavier group gets lighter and no bin
-    heavier than the heaviest was.
+    dp48, K = 3, took 14 passes where it takes 5.) Where none can move, the pair of groups
+    makes the one exchange, of all its bin pairs, that brings them nearest (a shift in (0,
+    gap)). So the heavier group gets lighter and no bin heavier than the heaviest was.
     It stops where the work left cannot bring the groups above the goal at the start down to
     it at the rate of all its passes so far (`hopeless`; a pass's own rate swings between bulk
     moves and exchanges): a step whose isolated over-cap samples leave the other ranks'

@@ -500,8 +500,10 @@ def test_a_cap_repair_keeps_its_budget(case, budget):
 
 
 @PROPERTY
-@given(packing_cases(), st.integers(1, 8), st.integers(0, 400_000))
-def test_evening_groups_keeps_the_packings_invariants_and_its_budget(case, groups, budget):
+@given(packing_cases(), st.integers(1, 8), st.integers(0, 400_000), st.booleans())
+def test_evening_groups_keeps_the_packings_invariants_and_its_budget(
+    case, groups, budget, givers_first
+):
     sizes, weights, bins, cap = case
     k = max(1, bins // groups)
     bins = groups * k
@@ -511,7 +513,7 @@ def test_evening_groups_keeps_the_packings_invariants_and_its_budget(case, group
     top = max(_loads(bin_of, weights, bins))
     over = max(_loads(bin_of, sizes, bins)) > cap
     work = Work(budget)
-    even_groups(bin_of, sizes, weights, groups, cap, 0.0025, work)
+    even_groups(bin_of, sizes, weights, groups, cap, 0.0025, work, givers_first=givers_first)
     # Each pass takes only the bin pairs what is left pays for, both its searches counted.
     assert work.spent <= budget
     assert (np.bincount(bin_of, minlength=bins) > 0).all()
