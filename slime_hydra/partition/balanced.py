@@ -92,9 +92,10 @@ class BalancedPacker:
         that in exchanges besides its constructions and the first cut repairs; at FFD's own count
         the balanced construction repaired (within the step's `budget`) and largest fit still go
         first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
-        is then balanced within `work`: exchanges with half of it; where they stop above the goal,
-        by tokens, first-fit decreasing under the goal (partition.multifit) where it packs;
-        exchanges again; where the heaviest bin still ends over the tolerance, the refit
+        is then balanced within `work`: where it is above the goal, by tokens, first-fit
+        decreasing under the goal (partition.multifit) where it packs; exchanges with half of
+        what is left; where they stop above the goal, exchanges again with the rest; where the
+        heaviest bin still ends over the tolerance, the refit
         (`_refit`) with a repairs' budget of its own (where `work` has any budget: a call with
         none, count=fastest's constructions of its candidate counts, balances nothing). A step of
         at least 2 × `group_items` items is packed so through its groups' heads
@@ -195,18 +196,19 @@ class BalancedPacker:
                     bin_of = ffd_at(at)
         bins = counts[at]
         goal = self._goal(weights, bin_of, bins)
+        tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
+        if tokens and int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > goal:
+            # FFD under the goal first, one limit: where it packs, the exchanges have nothing
+            # to do (steps of one large sample and a few small ones a micro-batch, where they
+            # stall above the goal), and where it cannot it stops once its bins waste the
+            # step's room (docs/planner.md, twenty-eighth round).
+            refit = ffd_within(sizes, bins, int(goal), work)
+            bin_of = bin_of if refit is None else refit
         half = Work(work.spent + (work.budget - work.spent) // 2, work.spent)
         improve(bin_of, sizes, weights, bins, cap, goal, half)
         work.spent = half.spent
         top = int(np.bincount(bin_of, weights=weights, minlength=bins).max())
         if top > goal:
-            tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
-            if tokens:
-                # One limit, the goal: where FFD does not pack under it, MULTIFIT's bisection
-                # toward the heaviest bin found packings the refit below redid (third and
-                # truncated steps; docs/planner.md, twenty-seventh round).
-                refit = ffd_within(sizes, bins, int(goal), work)
-                bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
             if tokens and work.budget:  # none where the call asks for no balancing at all
                 bin_of = self._refit(sizes, bin_of, bins, self._repairs(len(sizes)))

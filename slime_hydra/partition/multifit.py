@@ -16,7 +16,7 @@ import numpy as np
 
 from slime_hydra.partition.base import Work
 from slime_hydra.partition.deal import descending
-from slime_hydra.partition.greedy import first_fit_decreasing
+from slime_hydra.partition.greedy import first_fit_decreasing_within
 
 VISITS_PER_ITEM = 10
 """What one item of first-fit decreasing costs in `Work` item visits: its pure-Python loop took
@@ -32,8 +32,9 @@ def ffd_within(sizes: np.ndarray, bins: int, limit: int, work: Work) -> np.ndarr
     none is started that it cannot pay for)."""
     if not work.pay(VISITS_PER_ITEM * len(sizes)):
         return None
-    packed = first_fit_decreasing(sizes, limit)
-    if int(packed.max()) >= bins:
+    packed, placed = first_fit_decreasing_within(sizes, limit, bins)
+    work.spent -= VISITS_PER_ITEM * (len(sizes) - placed)  # what it stopped short of
+    if packed is None:
         return None
     fill_empty(packed, sizes, bins)
     return packed

@@ -29,12 +29,13 @@ def test_ffd_within_packs_under_the_limit_where_it_needs_no_more_bins():
         assert work.spent == ONE_PACKING
 
 
-def test_ffd_within_tries_its_one_limit_only():
+def test_ffd_within_tries_its_one_limit_only_and_pays_for_what_it_placed():
     # Under 14 FFD needs three bins: {7, 6}, {5, 4, 3}, {3} (the optimum, {7, 4, 3} and
-    # {6, 5, 3}, is one FFD does not find). No limit above it is tried: one packing's work.
+    # {6, 5, 3}, is one FFD does not find). No limit above it is tried, and it stops once {7, 6}
+    # leaves 1 of room where two bins of 14 may leave none: two items' work.
     work = Work(10**6)
     assert ffd_within(SIZES, 2, 14, work) is None
-    assert work.spent == ONE_PACKING
+    assert work.spent == 2 * VISITS_PER_ITEM + PASS_OVERHEAD
 
 
 def test_ffd_within_starts_no_packing_the_work_cannot_pay_for():

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slime_hydra.partition import first_fit, first_fit_decreasing, karmarkar_karp, part_sums
+from slime_hydra.partition.greedy import first_fit_decreasing_within
 
 weights_st = st.lists(st.integers(1, 5000), min_size=1, max_size=120)
 
@@ -69,6 +70,44 @@ def test_first_fit_decreasing_takes_a_size_as_often_as_it_fits_at_once():
     # which six of the seven 1s left fill, the highest first; the last 1 opens bin 2.
     sizes = np.array([8, 3, 3, 3, *[1] * 8])
     assert first_fit_decreasing(sizes, 12).tolist() == [0, 1, 1, 0, 2, *[1] * 6, 0]
+
+
+def test_first_fit_decreasing_within_stops_once_its_closed_bins_leave_too_much_room():
+    sizes = np.array([7, 6, 5, 4, 3, 3])  # 28 in all
+    # Under 15, two bins: {7, 6}, {5, 4, 3, 3}, every item placed.
+    packed, placed = first_fit_decreasing_within(sizes, 15, 2)
+    assert packed is not None and packed.tolist() == [0, 0, 1, 1, 1, 1] and placed == 6
+    # Under 14 two bins may leave no room; {7, 6} leaves 1: it stops after two items.
+    assert first_fit_decreasing_within(sizes, 14, 2) == (None, 2)
+
+
+def test_first_fit_decreasing_within_counts_a_repeated_bins_room_for_each_repeat():
+    # Under 11 (4 bins, 44 - 42 = 2 to leave): {6, 4} leaves 1, and the two bins that repeat
+    # it leave 1 each: 3 > 2 after two items, where FFD would go on to {3, 3, 3}, {3}: 5 bins.
+    sizes = np.array([6, 6, 6, 4, 4, 4, 3, 3, 3, 3])
+    assert first_fit_decreasing_within(sizes, 11, 4) == (None, 2)
+    assert int(first_fit_decreasing(sizes, 11).max()) + 1 == 5
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.integers(1, 100), min_size=1, max_size=200),
+        st.lists(st.integers(20, 45), min_size=1, max_size=300),
+    ),
+    st.integers(100, 250),
+    st.integers(1, 40),
+)
+def test_first_fit_decreasing_within_is_its_packing_exactly_where_it_needs_no_more_bins(
+    sizes, cap, bins
+):
+    s = np.asarray(sizes, dtype=np.int64)
+    full = first_fit_decreasing(s, cap)
+    packed, placed = first_fit_decreasing_within(s, cap, bins)
+    if int(full.max()) < bins:
+        assert packed is not None and packed.tolist() == full.tolist() and placed == s.size
+    else:
+        assert packed is None and placed < s.size
 
 
 @settings(max_examples=150, deadline=None)
