@@ -1,6 +1,7 @@
 """Proven lower bounds: on the heaviest part when items fill a given number of parts
 (`max_part_lower_bound`; `capped_parts_lower_bound` where each part is bins within a cap), and
-on the number of bins of a capacity (`min_bins_lower_bound`).
+on the number of bins of a capacity (`min_bins_lower_bound`, which also counts the bins that
+the items over a third of it need as pairs that fit: a largest matching).
 
 For a candidate maximum T, any partition into `parts` parts of load <= T must satisfy:
 - every item is at most T, and the total is at most parts × T;
@@ -245,7 +246,8 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     and Fekete and Schepers' dual feasible functions (truncated reasoning steps: 1,481 -> 1,543
     bins on one of 4,161 samples, which first-fit decreasing packs in 1,586), and the pairs'
     functions F_s of `_pair_sums` (8,192 truncated samples with a spike at 0.354 × cap: 2,461
-    -> 2,516 bins, where the LP relaxation proves at least 2,509).
+    -> 2,516 bins, where the LP relaxation proves at least 2,509), and the items over cap/3 by a
+    largest matching of the pairs that fit (`_matched_bins`).
     """
     w = sort_values(sizes)
     if w.size == 0:
@@ -274,8 +276,33 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
     sums, limits = _pair_sums(items, cap)
     pairs = -(-sums // limits)
     return int(
-        max((big.size + extra).max(), per_bin.max(), dual.max(initial=0), pairs.max(initial=0))
+        max(
+            (big.size + extra).max(),
+            per_bin.max(),
+            dual.max(initial=0),
+            pairs.max(initial=0),
+            _matched_bins(w[int(np.searchsorted(3 * w, cap, side="right")) :], cap),
+        )
     )
+
+
+def _matched_bins(large: np.ndarray, cap: int) -> int:
+    """The fewest bins of `cap` that the items over cap/3 (`large`, ascending) need: at most two
+    share a bin, and two only where they fit together, so their count less a maximum matching of
+    the pairs that fit. A matching of k pairs leaves one of the 2k smallest items, each no
+    larger, matchable; and 2k items pair up within the cap exactly where the i-th smallest fits
+    with the (2k+1-i)-th (swapping partners of crossing pairs keeps every sum within the cap),
+    which holds for every k up to the largest: bisected. It sees a spike of truncated samples
+    that two of the step's rooms cannot both take (16,384 samples, 8,783 over cap/2 and 2,573
+    over cap/3 beside them: 8,826 -> 8,833 bins, where the step has 8,832 at its K_lb)."""
+    lo, hi = 0, large.size // 2
+    while lo < hi:
+        k = (lo + hi + 1) // 2
+        if int((large[:k] + large[2 * k - 1 : k - 1 : -1]).max()) <= cap:
+            lo = k
+        else:
+            hi = k - 1
+    return large.size - lo
 
 
 def capped_parts_lower_bound(sizes: np.ndarray, parts: int, bins: int, cap: int) -> int:

@@ -3,6 +3,7 @@ above the optimum."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -170,6 +171,11 @@ def _fewest_bins(sizes: list[int], cap: int) -> int:
         # 12 beside the 8 holds one of them: 3. F_8 counts the 9s and the 8 12 each, the 7
         # and the 6 their size: 49 > 2 bins × 24.
         ([9, 9, 8, 7, 6], 20, 3),
+        # ⌈172 / 33⌉ = 6, L2 at a = 12: the four 22s and ⌈84 / 33⌉ = 3 bins for the 12s, 7;
+        # eleven items over 11, two a bin, 6. But no 12 fits beside a 22 (34 > 33), and three
+        # 12s do not fit together: the largest matching of pairs within 33 is three pairs of
+        # 12s, so 11 - 3 = 8.
+        ([22] * 4 + [12] * 7, 33, 8),
     ],
 )
 def test_hand_computed_bin_bounds(sizes, cap, bins):
@@ -186,6 +192,34 @@ def test_the_bin_bound_refuses_items_over_the_cap():
 def test_the_bin_bound_is_between_the_plain_bound_and_the_brute_force_optimum(sizes, cap):
     plain = max(-(-sum(sizes) // cap), sum(1 for w in sizes if 2 * w > cap))
     assert plain <= min_bins_lower_bound(sizes, cap) <= _fewest_bins(sizes, cap)
+
+
+@functools.cache
+def _largest_matching(sizes: tuple[int, ...], cap: int) -> int:
+    """By brute force: the most disjoint pairs of items (`sizes` ascending) that fit together
+    within `cap`."""
+    if len(sizes) < 2:
+        return 0
+    first, rest = sizes[0], sizes[1:]
+    paired = [
+        1 + _largest_matching(rest[:j] + rest[j + 1 :], cap)
+        for j in range(len(rest))
+        if first + rest[j] <= cap
+    ]
+    return max([_largest_matching(rest, cap), *paired])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([55, 60, 64, 67, 70]), max_size=6),  # over half
+    st.lists(st.sampled_from([34, 36, 40, 45, 50]), max_size=9),  # over a third
+)
+def test_the_bin_bound_is_the_optimum_where_every_item_is_over_a_third_of_the_cap(big, medium):
+    # At most two such items share a bin, so the fewest bins is their count less a largest
+    # matching of the pairs that fit.
+    sizes = tuple(sorted(big + medium))
+    if sizes:
+        assert min_bins_lower_bound(sizes, 100) == len(sizes) - _largest_matching(sizes, 100)
 
 
 _spiked = st.tuples(
