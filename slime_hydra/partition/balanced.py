@@ -238,8 +238,13 @@ class BalancedPacker:
     def _refit(self, sizes: np.ndarray, bin_of: np.ndarray, bins: int, work: Work) -> np.ndarray:
         """Where the heaviest bin is still over the tolerance of the proven bound, T = (1 +
         tolerance) × bound: the packing repaired to T as its cap (partition.repair, within
-        `work`), first as it is for NEAR_PASSES passes, then from largest fit in rounds under
-        T, if that packs; else `bin_of`, unchanged.
+        `work`), first as it is for NEAR_PASSES passes; else first-fit decreasing under T where
+        it needs no more bins; else largest fit in rounds under T repaired, then FFD's packing
+        under T cut to the count repaired, the first that packs; else `bin_of`, unchanged.
+        FFD under T packed steps of one or two samples a micro-batch whose pairs the repairs
+        could not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its
+        cut, a few bins' worth over T, GRPO steps of three where largest fit's repair failed
+        (4,096 in 1,344: 1.0181 -> 1.0099; docs/planner.md, twenty-eighth round).
         Exchanges of one item at a time stall in local optima where bins hold few items, and
         first-fit decreasing under T needs more bins; the repair searches every bin with room.
         On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
@@ -264,7 +269,15 @@ class BalancedPacker:
         work.spent = first.spent
         if packed:
             return near
+        refit = ffd_within(sizes, bins, limit, work)
+        if refit is not None:
+            return refit
         refit = fit_rounds(sizes, bins, limit)
+        if repair(refit, sizes, bins, limit, work):
+            return refit
+        if not work.pay(VISITS_PER_ITEM * len(sizes)):
+            return bin_of
+        refit = cut_to(first_fit_decreasing(sizes, limit), sizes, bins)
         return refit if repair(refit, sizes, bins, limit, work) else bin_of
 
     def _repairs(self, n: int) -> Work:
