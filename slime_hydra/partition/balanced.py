@@ -92,10 +92,9 @@ class BalancedPacker:
         that in exchanges besides its constructions and the first cut repairs; at FFD's own count
         the balanced construction repaired (within the step's `budget`) and largest fit still go
         first: FFD fills its bins to the cap and leaves its last ones nearly empty. The plan found
-        is then balanced within `work`: where it is above the goal, by tokens, first-fit
-        decreasing under the goal (partition.multifit) where it packs; exchanges with half of
-        what is left; where they stop above the goal, exchanges again with the rest; where the
-        heaviest bin still ends over the tolerance, the refit
+        is then balanced within `work`: exchanges with half of it; where they stop above the goal,
+        by tokens, first-fit decreasing under the goal (partition.multifit) where it packs;
+        exchanges again; where the heaviest bin still ends over the tolerance, the refit
         (`_refit`) with a repairs' budget of its own (where `work` has any budget: a call with
         none, count=fastest's constructions of its candidate counts, balances nothing). A step of
         at least 2 × `group_items` items is packed so through its groups' heads
@@ -196,19 +195,19 @@ class BalancedPacker:
                     bin_of = ffd_at(at)
         bins = counts[at]
         goal = self._goal(weights, bin_of, bins)
-        tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
-        if tokens and int(np.bincount(bin_of, weights=sizes, minlength=bins).max()) > goal:
-            # FFD under the goal first, one limit: where it packs, the exchanges have nothing
-            # to do (steps of one large sample and a few small ones a micro-batch, where they
-            # stall above the goal), and where it cannot it stops once its bins waste the
-            # step's room (docs/planner.md, twenty-eighth round).
-            refit = ffd_within(sizes, bins, int(goal), work)
-            bin_of = bin_of if refit is None else refit
         half = Work(work.spent + (work.budget - work.spent) // 2, work.spent)
         improve(bin_of, sizes, weights, bins, cap, goal, half)
         work.spent = half.spent
         top = int(np.bincount(bin_of, weights=weights, minlength=bins).max())
         if top > goal:
+            tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
+            if tokens:
+                # One limit, the goal (MULTIFIT's bisection found packings the refit below
+                # redid). Not before the exchanges: FFD fills its bins to the goal, the ceiling
+                # rank evening may not raise a micro-batch above, and ranks the exchanges would
+                # have balanced ended up to 0.6% apart (docs/planner.md, twenty-eighth round).
+                refit = ffd_within(sizes, bins, int(goal), work)
+                bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
             if tokens and work.budget:  # none where the call asks for no balancing at all
                 bin_of = self._refit(sizes, bin_of, bins, self._repairs(len(sizes)))
@@ -238,13 +237,15 @@ class BalancedPacker:
     def _refit(self, sizes: np.ndarray, bin_of: np.ndarray, bins: int, work: Work) -> np.ndarray:
         """Where the heaviest bin is still over the tolerance of the proven bound, T = (1 +
         tolerance) × bound: the packing repaired to T as its cap (partition.repair, within
-        `work`), first as it is for NEAR_PASSES passes; else first-fit decreasing under T where
-        it needs no more bins; else largest fit in rounds under T repaired, then FFD's packing
-        under T cut to the count repaired, the first that packs; else `bin_of`, unchanged.
-        FFD under T packed steps of one or two samples a micro-batch whose pairs the repairs
-        could not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its
-        cut, a few bins' worth over T, GRPO steps of three where largest fit's repair failed
-        (4,096 in 1,344: 1.0181 -> 1.0099; docs/planner.md, twenty-eighth round).
+        `work`), first as it is for NEAR_PASSES passes, then from largest fit in rounds under
+        T; where neither packs, first-fit decreasing under T where it needs no more bins, else
+        FFD's packing under T cut to the count and repaired; else `bin_of`, unchanged. FFD
+        under T packed steps of one or two samples a micro-batch whose pairs the repairs could
+        not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its cut, a
+        few bins' worth over T, GRPO steps of three where largest fit's repair failed (4,096 in
+        1,344: 1.0181 -> 1.0099). They go last: FFD fills its bins to T, the ceiling rank
+        evening may not raise a micro-batch above, and where largest fit packs too the ranks
+        ended up to 0.3% further apart (docs/planner.md, twenty-eighth round).
         Exchanges of one item at a time stall in local optima where bins hold few items, and
         first-fit decreasing under T needs more bins; the repair searches every bin with room.
         On 47 steps of the bench's random cases ending 1.0102-1.056 over their bound
@@ -269,11 +270,11 @@ class BalancedPacker:
         work.spent = first.spent
         if packed:
             return near
-        refit = ffd_within(sizes, bins, limit, work)
-        if refit is not None:
-            return refit
         refit = fit_rounds(sizes, bins, limit)
         if repair(refit, sizes, bins, limit, work):
+            return refit
+        refit = ffd_within(sizes, bins, limit, work)
+        if refit is not None:
             return refit
         if not work.pay(VISITS_PER_ITEM * len(sizes)):
             return bin_of

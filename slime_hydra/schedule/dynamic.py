@@ -8,11 +8,11 @@ One algorithm for every step, its work bounded:
    L2 and the items-per-bin bound of partition.bounds on the rest, over dp, aligned).
 2. The step is packed whole into dp·K micro-batches (over-cap samples alone, under
    oversize=isolate) by the partitioner (partition.balanced.BalancedPacker: an O(n log n)
-   construction, then cap repairs within its work budget, first-fit decreasing where the repairs
-   fall short; by tokens, first-fit decreasing under the balancing goal (MULTIFIT's packing)
-   where the construction is above it, then balancing exchanges, in the same budget; where the
-   heaviest still ends over the tolerance, the step packed again under it by the whole-step
-   repair).
+   construction, then cap repairs and balancing exchanges within its work budget, first-fit
+   decreasing where the repairs fall short, and where the exchanges stall above the bound by
+   tokens, first-fit decreasing under the balancing goal (MULTIFIT's packing), in the same budget;
+   where the heaviest still ends over the tolerance, the step packed again under it by the
+   whole-step repair).
    Where it cannot fill dp·K micro-batches within the cap, K rises by the VPP alignment: a K
    above K_lb means neither the constructions nor the repairs (of largest fit in rounds and of
    first-fit decreasing's packing cut to dp·K, within the partitioner's
