@@ -288,12 +288,12 @@ def min_bins_lower_bound(sizes: Sequence[int] | np.ndarray, cap: int) -> int:
 
 def _matched_bins(large: np.ndarray, cap: int) -> int:
     """The fewest bins of `cap` that the items over cap/3 (`large`, ascending) need: at most two
-    share a bin, and two only where they fit together, so their count less a maximum matching of
-    the pairs that fit. A matching of k pairs leaves one of the 2k smallest items, each no
-    larger, matchable; and 2k items pair up within the cap exactly where the i-th smallest fits
-    with the (2k+1-i)-th (swapping partners of crossing pairs keeps every sum within the cap),
-    which holds for every k up to the largest: bisected. It sees a spike of truncated samples
-    that two of the step's rooms cannot both take (16,384 samples, 8,783 over cap/2 and 2,573
+    share a bin, and two only where they fit together, so their count less a largest matching of
+    the pairs that fit. Where k pairs fit, so do k pairs of the 2k smallest items (swap each
+    item for a smaller one left out), and 2k items pair up within the cap exactly where the
+    i-th smallest fits with the (2k+1-i)-th (uncrossing two pairs keeps both sums within it);
+    fewer pairs fit wherever more do, so the largest k is bisected. It sees a truncation spike
+    whose rooms take no other sample over cap/3 (16,384 samples, 8,783 over cap/2 and 2,573
     over cap/3 beside them: 8,826 -> 8,833 bins, where the step has 8,832 at its K_lb)."""
     lo, hi = 0, large.size // 2
     while lo < hi:
