@@ -273,12 +273,14 @@ class BalancedPacker:
         refit = fit_rounds(sizes, bins, limit)
         if repair(refit, sizes, bins, limit, work):
             return refit
-        refit = ffd_within(sizes, bins, limit, work)
-        if refit is not None:
-            return refit
+        # One FFD under T, the plan where it needs no more bins, else the start cut to them.
         if not work.pay(VISITS_PER_ITEM * len(sizes)):
             return bin_of
-        refit = cut_to(first_fit_decreasing(sizes, limit), sizes, bins)
+        ffd = first_fit_decreasing(sizes, limit)
+        if int(ffd.max()) < bins:
+            fill_empty(ffd, sizes, bins)
+            return ffd
+        refit = cut_to(ffd, sizes, bins)
         return refit if repair(refit, sizes, bins, limit, work) else bin_of
 
     def _repairs(self, n: int) -> Work:

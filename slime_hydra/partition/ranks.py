@@ -86,6 +86,7 @@ def even_groups(
     above = group_load > goal
     excess, spent = float((group_load[above] - goal).sum()), work.spent
     rotation = 0
+    everyone = np.ones(bins, dtype=bool)  # who gives first by load: every bin
     while work.left:
         group_load = load.reshape(groups, k).sum(1)
         if group_load.max() <= goal:
@@ -101,7 +102,7 @@ def even_groups(
         # Locked bins last on both sides: open bins pair with open bins; with `givers_first`,
         # the heavier side's bins of one item (no bin goes empty) before them.
         shut = np.iinfo(np.int64).max
-        gives = state.counts > 1 if givers_first else np.ones(bins, dtype=bool)
+        gives = state.counts > 1 if givers_first else everyone
         mine = np.where(locked, -shut, load - np.where(gives, 0, ceiling + 1)).reshape(groups, k)
         h_bins = heavy[:, None] * k + np.argsort(-mine[heavy], axis=1, kind="stable")
         mine = np.where(locked, shut, load).reshape(groups, k)
