@@ -22,6 +22,8 @@ def test_a_small_run_prints_every_section_and_breaks_no_invariant(capsys):
     assert re.search(r"all cases: 0 broken invariants", out)
     for section in ("seed sweep", "target steps", "near-full steps"):
         assert section in out
+    # The near-full steps' mean plan time, what a run pays a step, beside the median.
+    assert re.search(r"plan median [\d.]+ ms, mean [\d.]+ ms \(what a run pays", out)
     targets = re.findall(r"^\s+(4096|16384)\s+32 (\w+)", out, flags=re.MULTILINE)
     assert sorted(targets) == sorted((n, f) for n in ("16384", "4096") for f in FAMILIES)
 
