@@ -69,8 +69,8 @@ def first_fit_decreasing_within(
     once; O(n log n + cap).
     """
     n = len(sizes)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64), 0
+    if n == 0:  # no items need no bins: a packing wherever a count of bins is allowed
+        return (np.zeros(0, dtype=np.int64) if bins >= 0 else None), 0
     slack = bins * cap - int(sizes.sum())  # the room the bins may leave in all
     order = ascending(sizes)
     asc = sizes[order]

@@ -89,6 +89,13 @@ def test_first_fit_decreasing_within_counts_a_repeated_bins_room_for_each_repeat
     assert int(first_fit_decreasing(sizes, 11).max()) + 1 == 5
 
 
+def test_first_fit_decreasing_within_packs_no_items_only_into_a_count_of_bins():
+    # `_pack_around` asks whether the rest packs beside its over-cap samples: where those
+    # outnumber the micro-batches left, no bins are left for even an empty rest.
+    assert first_fit_decreasing_within(np.zeros(0, dtype=np.int64), 10, 0)[0].size == 0
+    assert first_fit_decreasing_within(np.zeros(0, dtype=np.int64), 10, -1) == (None, 0)
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     st.one_of(
