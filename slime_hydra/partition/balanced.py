@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import numpy as np
@@ -60,12 +60,14 @@ class BalancedPacker:
     On 144 bench_planner cases (314 steps) 20 a sample left 29 steps above K_lb, 50 left 21,
     100 left 17 and 200 left 16 (docs/planner.md, eleventh round)."""
 
-    group_items: int = 16_384
+    group_items: int = 2_048
     """Steps of at least twice this many samples are packed through the heads of groups of
     similar samples, at least this many (partition.grouping), where that loses too little room
-    to risk a count or the tolerance; 0: never. 16k samples a step are planned in the
-    target's 40 ms on their own; at 1M samples on dp4096 the count search of the whole step
-    took 2.8 s where it could not pack, that of the heads a few ms (docs/planner.md)."""
+    to risk a count or the tolerance; 0: never. At 1M samples on dp4096 the count search of
+    the whole step took 2.8 s where it could not pack, that of the heads a few ms; near-full
+    steps of 16k samples on dp32 and dp64 took half the time from heads of 2,048 as whole
+    (16,384, the default before), with 45 micro-batches above K_lb on 280 of them against 49
+    (docs/planner.md, eighteenth and thirtieth rounds)."""
 
     def __call__(
         self,
@@ -223,11 +225,13 @@ class BalancedPacker:
         groups: Grouping,
     ) -> tuple[int, np.ndarray] | None:
         """The step packed through its groups' heads (partition.grouping) with the step's
-        `work`: the heads' count search and balancing are the step's."""
+        `work`: the heads' count search and balancing are the step's, to the tolerance of
+        `Grouping.tolerance` (the copies' heaviest bin is the heads')."""
         head_sizes = groups.heads(sizes)
         head_weights = head_sizes if weights is sizes else groups.heads(weights)
         head_counts = groups.counts(counts)
-        found = self(head_sizes, head_weights, head_counts, cap, work)
+        tolerance = groups.tolerance(weights, head_weights, counts[0], self.tolerance)
+        found = replace(self, tolerance=tolerance)(head_sizes, head_weights, head_counts, cap, work)
         if found is None:
             return None
         head_bins, head_bin = found

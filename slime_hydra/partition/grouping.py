@@ -8,11 +8,13 @@ heaviest bin is the heads' heaviest.
 What it costs: rounding every item up to its head adds `lost` tokens (at most C times the
 largest item less the smallest: the groups' spreads telescope), and the heads get count // C
 bins, so the copies miss count mod C bins (filled afterwards by splitting bins). A step is
-grouped only where both together take at most ROOM_LOST of one count step's room, and `lost`
-at most a quarter of the tolerance of the step's tokens: the heads' mean bin is then within a
-quarter of the tolerance of the step's, and by volume the heads lose a count only where the
-step is within ROOM_LOST of a count step of full at it (an argument on volume, not a proof:
-as without grouping, K above K_lb says the search did not pack K_lb, not that no plan does).
+grouped only where both together take at most ROOM_LOST of one count step's room and
+SLACK_LOST of the room the step leaves at the first count that holds it, and `lost` at most a
+quarter of the tolerance of the step's tokens: the heads' mean bin is then within a quarter of
+the tolerance of the step's (the heads are balanced to what is left of it, `tolerance`), and
+by volume the heads keep most of the step's room at every count (an argument on volume, not a
+proof: as without grouping, K above K_lb says the search did not pack K_lb, not that no plan
+does).
 
 So the count search and the balancing, whose passes cost O(n) each at scale (a count that
 cannot be packed took 2.8 s of repairs at 1M samples on dp4096), run on at least `least` heads
@@ -22,6 +24,7 @@ whatever the step's size (heads that are still many are grouped again).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +38,16 @@ ROOM_LOST = 1 / 32
 heads may lose to rounding and to the bins the copies miss. On 15 random steps of every family
 (40k-300k samples, dp 1-1,024) it grouped those on dp32 and up and changed no K
 (docs/planner.md, eighteenth round)."""
+
+
+SLACK_LOST = 1 / 4
+"""Of the room the step leaves at the first count that holds its tokens (that many bins at the
+cap less its tokens), what the heads may lose: a step nearly full there has little to lose.
+16k GRPO samples on dp32, 99.96% full at K_lb, whose rounding took most of its 26k tokens of
+room, packed K_lb + 1 from heads of 2,048 and K_lb without grouping. On 280 near-full steps
+of 16k samples on dp32 and dp64 (7 fresh seeds), grouped from 2,048 samples with this limit:
+45 micro-batches above K_lb, against 49 without grouping (docs/planner.md, thirtieth
+round)."""
 
 
 @dataclass(frozen=True)
@@ -65,16 +78,33 @@ class Grouping:
         order = descending(sizes)
         desc = sizes[order]
         total = int(desc.sum())
+        held = bisect_left(counts, -(-total // cap))  # the first count that holds the tokens
+        if held == len(counts):
+            return None
+        free = counts[held] * cap - total
         for copies in fits:
             lost = copies * int(desc[::copies].sum()) - total
             room = (counts[0] % copies) * cap + lost
-            if room <= limit and lost <= tolerance / 4 * total:
+            if room <= limit and room <= SLACK_LOST * free and lost <= tolerance / 4 * total:
                 return cls(order, copies)
         return None
 
     def heads(self, values: np.ndarray) -> np.ndarray:
         """Each group's value at its head (its largest item)."""
         return values[self.order[:: self.copies]]
+
+    def tolerance(
+        self, weights: np.ndarray, head_weights: np.ndarray, bins: int, tolerance: float
+    ) -> float:
+        """What the heads are balanced to, for the step's heaviest bin (the heads') to stay
+        within `tolerance` of the step's bound where the mean bin sets it: the heads' mean bin
+        is the step's raised by the weight rounding every item up to its head adds and by the
+        bins of the `bins` that no copy fills, and their bound, an integer, is at most a unit
+        above it. Without it, 2 of 64 random steps grouped from 8k samples ended 1.0101 over
+        their bound (docs/planner.md, thirtieth round). 0 where rounding takes the tolerance."""
+        step_mean = int(weights.sum()) / bins
+        head_mean = int(head_weights.sum()) / (bins // self.copies)
+        return max((1 + tolerance) * step_mean / (head_mean + 1) - 1, 0.0)
 
     def counts(self, counts: Sequence[int]) -> Sequence[int]:
         """The heads' bin count of each of the step's `counts`."""

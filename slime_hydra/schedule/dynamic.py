@@ -17,8 +17,9 @@ One algorithm for every step, its work bounded:
    above K_lb means neither the constructions nor the repairs (of largest fit in rounds and of
    first-fit decreasing's packing cut to dp·K, within the partitioner's
    `repair_budget_per_sample`) packed the step at K_lb, not that no plan exists there. A step
-   of many samples is packed through the heads of groups of similar ones (partition.grouping:
-   16-32k heads, the packing copied), so its search and balancing cost what 16k samples' do.
+   of 4k samples or more is packed through the heads of groups of similar ones
+   (partition.grouping: 2-4k heads, the packing copied), so its search and balancing cost what
+   2-4k samples' do, where grouping leaves the step most of its room.
 3. The micro-batches are dealt K to each rank (partition.deal.split_even on their weights,
    heaviest first to the lightest rank), then ranks are evened by the same exchanges between
    their micro-batches (partition.ranks.even_groups). Balancing the micro-batches may spend

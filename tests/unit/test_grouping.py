@@ -52,11 +52,26 @@ def test_rounding_up_to_the_heads_is_limited_by_room_and_tolerance():
     sizes = np.array([9, 8, 7, 6, 5, 4, 3, 2])
     # Heads 9, 7, 5, 3 stand for 44 tokens as 48: 4 lost, a tenth of the tokens over 4
     # (tolerance/4 of 44 is 4 from a tolerance of 0.3637).
-    assert Grouping.of(sizes, [4, 324], 10, 0.37, least=4).copies == 2
-    assert Grouping.of(sizes, [4, 324], 10, 0.36, least=4) is None
+    assert Grouping.of(sizes, [6, 326], 10, 0.37, least=4).copies == 2
+    assert Grouping.of(sizes, [6, 326], 10, 0.36, least=4) is None
     # 4 lost is over 1/32 of a step of 8 bins of 10 (2.5), within that of 16 (5).
-    assert Grouping.of(sizes, [4, 12], 10, 0.37, least=4) is None
-    assert Grouping.of(sizes, [4, 20], 10, 0.37, least=4).copies == 2
+    assert Grouping.of(sizes, [6, 14], 10, 0.37, least=4) is None
+    assert Grouping.of(sizes, [6, 22], 10, 0.37, least=4).copies == 2
+    # 6 bins of 10 leave 16 tokens of room, and 4 lost is a quarter of them; 6 bins of 9
+    # leave 10, of which 4 is more than a quarter.
+    assert Grouping.of(sizes, [6, 326], 9, 0.37, least=4) is None
+
+
+def test_the_heads_are_balanced_within_what_rounding_leaves_of_the_tolerance():
+    groups = Grouping(np.arange(4), copies=2)
+    sizes = np.array([10_000, 9_900, 9_800, 9_700])
+    heads = groups.heads(sizes)  # 10,000 and 9,800: 19,800 tokens for 19,700 a copy
+    # In 2 bins the step's mean bin is 19,700 and the heads' 19,800, their bound at most
+    # 19,801: the heads keep 1.01 × 19,700 / 19,801 - 1 of the tolerance.
+    assert groups.tolerance(sizes, heads, 2, 0.01) == pytest.approx(0.0048482, abs=1e-7)
+    # A third bin, which no copy fills, lowers the step's mean bin by a third: none is left.
+    assert groups.tolerance(sizes, heads, 3, 0.01) == 0.0
+    assert groups.tolerance(sizes, heads, 3, 0.6) == pytest.approx(0.0612259, abs=1e-7)
 
 
 def test_the_packer_packs_the_heads_and_gives_the_count_they_stand_for():
