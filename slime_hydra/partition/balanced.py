@@ -66,7 +66,7 @@ class BalancedPacker:
     to risk a count or the tolerance; 0: never. At 1M samples on dp4096 the count search of
     the whole step took 2.8 s where it could not pack, that of the heads a few ms; near-full
     steps of 16k samples on dp32 and dp64 took half the time from heads of 2,048 as whole
-    (16,384, the default before), with 45 micro-batches above K_lb on 280 of them against 49
+    (16,384, the default before), with 46 micro-batches above K_lb on 280 of them against 49
     (docs/planner.md, eighteenth and thirtieth rounds)."""
 
     def __call__(

@@ -8,13 +8,12 @@ heaviest bin is the heads' heaviest.
 What it costs: rounding every item up to its head adds `lost` tokens (at most C times the
 largest item less the smallest: the groups' spreads telescope), and the heads get count // C
 bins, so the copies miss count mod C bins (filled afterwards by splitting bins). A step is
-grouped only where both together take at most ROOM_LOST of one count step's room and
-SLACK_LOST of the room the step leaves at the first count that holds it, and `lost` at most a
-quarter of the tolerance of the step's tokens: the heads' mean bin is then within a quarter of
-the tolerance of the step's (the heads are balanced to what is left of it, `tolerance`), and
-by volume the heads keep most of the step's room at every count (an argument on volume, not a
-proof: as without grouping, K above K_lb says the search did not pack K_lb, not that no plan
-does).
+grouped only where both together take at most SLACK_LOST of the room the step leaves at the
+first count that holds it, and `lost` at most a quarter of the tolerance of the step's tokens:
+by volume the heads keep most of the step's room at every count, and their mean bin is within
+a quarter of the tolerance of the step's (the heads are balanced to what is left of it,
+`tolerance`). An argument on volume, not a proof: as without grouping, K above K_lb says the
+search did not pack K_lb, not that no plan does.
 
 So the count search and the balancing, whose passes cost O(n) each at scale (a count that
 cannot be packed took 2.8 s of repairs at 1M samples on dp4096), run on at least `least` heads
@@ -33,21 +32,14 @@ import numpy as np
 from slime_hydra.partition.deal import descending
 from slime_hydra.partition.multifit import fill_empty
 
-ROOM_LOST = 1 / 32
-"""Of a count step's room (the bins between one count and the next, at the cap), what the
-heads may lose to rounding and to the bins the copies miss. On 15 random steps of every family
-(40k-300k samples, dp 1-1,024) it grouped those on dp32 and up and changed no K
-(docs/planner.md, eighteenth round)."""
-
-
 SLACK_LOST = 1 / 4
 """Of the room the step leaves at the first count that holds its tokens (that many bins at the
-cap less its tokens), what the heads may lose: a step nearly full there has little to lose.
-16k GRPO samples on dp32, 99.96% full at K_lb, whose rounding took most of its 26k tokens of
-room, packed K_lb + 1 from heads of 2,048 and K_lb without grouping. On 280 near-full steps
-of 16k samples on dp32 and dp64 (7 fresh seeds), grouped from 2,048 samples with this limit:
-45 micro-batches above K_lb, against 49 without grouping (docs/planner.md, thirtieth
-round)."""
+cap less its tokens), what the heads may lose: a step nearly full there has little to lose
+(16k GRPO samples on dp32, 99.96% full at K_lb, whose rounding took most of its 26k tokens of
+room, packed K_lb + 1 from heads of 2,048 and K_lb whole). It replaces 1/32 of a count step's
+room (dp·g bins at the cap), which kept steps on few ranks whole whatever their room: on 275
+random steps of every family and layout (3 fresh seeds, 1-40k samples) 66 micro-batches above
+K_lb against 75, in 13% less time (docs/planner.md, thirtieth round)."""
 
 
 @dataclass(frozen=True)
@@ -68,24 +60,22 @@ class Grouping:
         most = min(len(sizes) // least, counts[0]) if least else 0
         if most < 2:
             return None
+        total = int(sizes.sum())
+        held = bisect_left(counts, -(-total // cap))  # the first count that holds the tokens
+        if held == len(counts):
+            return None
+        limit = SLACK_LOST * (counts[held] * cap - total)
         step = counts[1] - counts[0] if len(counts) > 1 else counts[0]
-        limit = ROOM_LOST * step * cap
         # Rounding only adds to what the missed bins lose: the step is sorted only where some
-        # copies divide the step and miss few enough bins (on few ranks, none do).
+        # copies divide the step and miss few enough bins.
         fits = [c for c in range(most, 1, -1) if step % c == 0 and (counts[0] % c) * cap <= limit]
         if not fits:
             return None
         order = descending(sizes)
         desc = sizes[order]
-        total = int(desc.sum())
-        held = bisect_left(counts, -(-total // cap))  # the first count that holds the tokens
-        if held == len(counts):
-            return None
-        free = counts[held] * cap - total
         for copies in fits:
             lost = copies * int(desc[::copies].sum()) - total
-            room = (counts[0] % copies) * cap + lost
-            if room <= limit and room <= SLACK_LOST * free and lost <= tolerance / 4 * total:
+            if (counts[0] % copies) * cap + lost <= limit and lost <= tolerance / 4 * total:
                 return cls(order, copies)
         return None
 

@@ -40,12 +40,15 @@ def test_the_most_copies_that_divide_the_step_between_counts_are_taken():
     assert Grouping.of(sizes, [8, 12], 100, 0.01, least=0) is None
 
 
-def test_the_bins_the_copies_miss_count_against_the_room_of_a_count_step():
+def test_the_bins_the_copies_miss_count_against_a_quarter_of_the_room_left():
     sizes = np.full(12, 10)
-    # 9 bins in groups of 4 or 2 misses 1 bin: 100 tokens of room, over 1/32 of a step of 4
-    # bins (12.5) but within 1/32 of a step of 64 (200).
-    assert Grouping.of(sizes, [9, 13], 100, 0.01, least=2) is None
-    assert Grouping.of(sizes, [9, 73], 100, 0.01, least=2).copies == 4
+    # 9 bins in groups of 4 or 2 miss 1 bin. In 9 bins of 100 the 120 tokens leave 780, a
+    # quarter of which (195) holds the missed bin's 100; in 9 bins of 20 they leave 60 (15).
+    assert Grouping.of(sizes, [9, 13], 100, 0.01, least=2).copies == 4
+    assert Grouping.of(sizes, [9, 13], 20, 0.01, least=2) is None
+    # The room is the first count's that holds the tokens: 4 bins of 20 do not, 8 leave 40.
+    assert Grouping.of(sizes, [4, 8, 12], 20, 0.01, least=2).copies == 4
+    assert Grouping.of(sizes, [4], 20, 0.01, least=2) is None
 
 
 def test_rounding_up_to_the_heads_is_limited_by_room_and_tolerance():
@@ -54,9 +57,6 @@ def test_rounding_up_to_the_heads_is_limited_by_room_and_tolerance():
     # (tolerance/4 of 44 is 4 from a tolerance of 0.3637).
     assert Grouping.of(sizes, [6, 326], 10, 0.37, least=4).copies == 2
     assert Grouping.of(sizes, [6, 326], 10, 0.36, least=4) is None
-    # 4 lost is over 1/32 of a step of 8 bins of 10 (2.5), within that of 16 (5).
-    assert Grouping.of(sizes, [6, 14], 10, 0.37, least=4) is None
-    assert Grouping.of(sizes, [6, 22], 10, 0.37, least=4).copies == 2
     # 6 bins of 10 leave 16 tokens of room, and 4 lost is a quarter of them; 6 bins of 9
     # leave 10, of which 4 is more than a quarter.
     assert Grouping.of(sizes, [6, 326], 9, 0.37, least=4) is None
