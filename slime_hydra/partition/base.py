@@ -37,10 +37,14 @@ class Work:
     def left(self) -> bool:
         return self.spent < self.budget
 
+    def affords(self, visits: int, passes: int = 1) -> bool:
+        """Whether `passes` passes of `visits` item visits in all fit in what is left."""
+        return self.spent + visits + passes * PASS_OVERHEAD <= self.budget
+
     def pay(self, visits: int, passes: int = 1) -> bool:
         """Charge `passes` passes of `visits` item visits in all if they fit in what is left;
         whether they did (work that is not paid for is not started)."""
-        if self.spent + visits + passes * PASS_OVERHEAD > self.budget:
+        if not self.affords(visits, passes):
             return False
         self.charge(visits, passes)
         return True

@@ -30,10 +30,10 @@ def ffd_within(sizes: np.ndarray, bins: int, limit: int, work: Work) -> np.ndarr
     get an item each (len(sizes) >= bins), so the heaviest bin is at most the limit. None where
     it needs more, or where `work` cannot pay for the packing (VISITS_PER_ITEM visits an item;
     none is started that it cannot pay for)."""
-    if not work.pay(VISITS_PER_ITEM * len(sizes)):
+    if not work.affords(VISITS_PER_ITEM * len(sizes)):
         return None
     packed, placed = first_fit_decreasing_within(sizes, limit, bins)
-    work.spent -= VISITS_PER_ITEM * (len(sizes) - placed)  # what it stopped short of
+    work.charge(VISITS_PER_ITEM * placed)  # FFD stops once the bins cannot hold the rest
     if packed is None:
         return None
     fill_empty(packed, sizes, bins)

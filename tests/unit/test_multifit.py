@@ -44,6 +44,13 @@ def test_ffd_within_starts_no_packing_the_work_cannot_pay_for():
     assert work.spent == 0
 
 
+def test_work_affords_a_pass_only_within_what_is_left_and_charges_nothing():
+    work = Work(PASS_OVERHEAD + 10, spent=5)
+    assert work.affords(5) and not work.affords(6)
+    assert not work.affords(0, passes=2)
+    assert work.spent == 5
+
+
 def test_fill_empty_gives_each_empty_bin_one_item_from_a_bin_of_two_or_more():
     w = np.array([5, 1, 1, 1])
     bin_of = np.zeros(4, dtype=np.int64)  # everything in bin 0, as FFD under 8 packs it
