@@ -37,7 +37,7 @@ SLACK_LOST = 1 / 4
 cap less its tokens), what the heads may lose: a step nearly full there has little to lose
 (16k GRPO samples on dp32, 99.96% full at K_lb, whose rounding took most of its 26k tokens of
 room, packed K_lb + 1 from heads of 2,048 and K_lb whole). It replaces 1/32 of a count step's
-room (dp·g bins at the cap), which kept steps on few ranks whole whatever their room: on 275
+room (dp·g bins at the cap), which kept steps on few ranks whole whatever their room: on 274
 random steps of every family and layout (3 fresh seeds, 1-40k samples) 66 micro-batches above
 K_lb against 75, in 13% less time (docs/planner.md, thirtieth round)."""
 
