@@ -21,7 +21,7 @@ from slime_hydra.partition.construct import construct, cut_to, fit_rounds
 from slime_hydra.partition.greedy import first_fit_decreasing
 from slime_hydra.partition.grouping import Grouping
 from slime_hydra.partition.improve import improve
-from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty
+from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty, multifit
 from slime_hydra.partition.repair import repair, spill
 
 NEAR_PASSES = 4
@@ -197,9 +197,8 @@ class BalancedPacker:
                     bin_of = ffd_at(at)
         bins = counts[at]
         goal = self._goal(weights, bin_of, bins)
-        half = Work(work.spent + (work.budget - work.spent) // 2, work.spent)
-        improve(bin_of, sizes, weights, bins, cap, goal, half)
-        work.spent = half.spent
+        with work.part(work.remaining // 2) as half:
+            improve(bin_of, sizes, weights, bins, cap, goal, half)
         top = int(np.bincount(bin_of, weights=weights, minlength=bins).max())
         if top > goal:
             tokens = np.array_equal(weights, sizes)  # balanced by tokens: loads are the sizes
@@ -243,11 +242,17 @@ class BalancedPacker:
         tolerance) × bound: the packing repaired to T as its cap (partition.repair, within
         `work`), first as it is for NEAR_PASSES passes, then from largest fit in rounds under
         T; where neither packs, first-fit decreasing under T where it needs no more bins, else
-        FFD's packing under T cut to the count and repaired; else `bin_of`, unchanged. FFD
+        FFD's packing under T cut to the count and repaired; else, with what the repairs left,
+        FFD under the least limit below the plan's top that MULTIFIT's bisection finds; else
+        `bin_of`, unchanged. The repairs leave what FFD under T costs: of 1,200 truncated
+        steps of 400-800 samples on dp8-16 under 4,096 (one or two a micro-batch), 71 ended
+        over 1.01 of their bound, 9 of them because largest fit's repair had left FFD, which
+        packs under T, less than its price; with it paid for, 62, of which the bisection lowered
+        3 (1.0387 -> 1.0169), and none ended higher (docs/planner.md, thirty-first round). FFD
         under T packed steps of one or two samples a micro-batch whose pairs the repairs could
-        not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its cut, a
-        few bins' worth over T, GRPO steps of three where largest fit's repair failed (4,096 in
-        1,344: 1.0181 -> 1.0099). They go last: FFD fills its bins to T, the ceiling rank
+        not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its cut,
+        a few bins' worth over T, GRPO steps of three where largest fit's repair failed (4,096
+        in 1,344: 1.0181 -> 1.0099). They go last: FFD fills its bins to T, the ceiling rank
         evening may not raise a micro-batch above, and where largest fit packs too the ranks
         ended up to 0.3% further apart (docs/planner.md, twenty-eighth round).
         Exchanges of one item at a time stall in local optima where bins hold few items, and
@@ -266,26 +271,33 @@ class BalancedPacker:
         limit = int((1 + self.tolerance) * bound)
         if top <= limit:
             return bin_of
-        # limit < top <= cap: a packing within the limit is within the cap.
+        # limit < top <= cap: a packing within the limit is within the cap. The repairs leave
+        # what FFD under T costs (`work.pay` below): it is always paid for.
+        ffd_visits = VISITS_PER_ITEM * len(sizes)
+        reserve = ffd_visits + PASS_OVERHEAD
         near = bin_of.copy()
         near_passes = NEAR_PASSES * (len(sizes) + PASS_OVERHEAD)
-        first = Work(min(work.budget, work.spent + near_passes), work.spent)
-        packed = repair(near, sizes, bins, limit, first)
-        work.spent = first.spent
-        if packed:
-            return near
+        with work.part(min(near_passes, work.remaining - reserve)) as first:
+            if repair(near, sizes, bins, limit, first):
+                return near
         refit = fit_rounds(sizes, bins, limit)
-        if repair(refit, sizes, bins, limit, work):
-            return refit
-        # One FFD under T, the plan where it needs no more bins, else the start cut to them.
-        if not work.pay(VISITS_PER_ITEM * len(sizes)):
+        with work.part(work.remaining - reserve) as fit:
+            if repair(refit, sizes, bins, limit, fit):
+                return refit
+        # One FFD under T, the plan where it needs no more bins, else the start cut to them and
+        # repaired; else, with what is left, the least limit below top at which FFD packs, as
+        # MULTIFIT bisects it.
+        if not work.pay(ffd_visits):
             return bin_of
         ffd = first_fit_decreasing(sizes, limit)
         if int(ffd.max()) < bins:
             fill_empty(ffd, sizes, bins)
             return ffd
         refit = cut_to(ffd, sizes, bins)
-        return refit if repair(refit, sizes, bins, limit, work) else bin_of
+        if repair(refit, sizes, bins, limit, work):
+            return refit
+        lower = multifit(sizes, bins, limit, top, work)
+        return bin_of if lower is None else lower
 
     def _repairs(self, n: int) -> Work:
         """The whole-step repairs' budget for `n` items: the step's `budget` and

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +37,21 @@ class Work:
     @property
     def left(self) -> bool:
         return self.spent < self.budget
+
+    @property
+    def remaining(self) -> int:
+        """The visits not yet spent."""
+        return max(self.budget - self.spent, 0)
+
+    @contextmanager
+    def part(self, visits: int) -> Iterator[Work]:
+        """At most `visits` of what is left, as a budget of its own for one piece of work;
+        what that spends is spent here."""
+        sub = Work(self.spent + min(max(visits, 0), self.remaining), self.spent)
+        try:
+            yield sub
+        finally:
+            self.spent = sub.spent
 
     def affords(self, visits: int, passes: int = 1) -> bool:
         """Whether `passes` passes of `visits` item visits in all fit in what is left."""

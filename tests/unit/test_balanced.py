@@ -797,6 +797,32 @@ def test_a_refit_packs_first_fit_decreasings_cut_where_largest_fits_repair_fails
     assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
 
+def test_a_refits_repairs_leave_first_fit_decreasing_under_the_tolerance_its_price():
+    # 400 truncated samples on dp8 under 4,096 (K = K_lb = 36): balancing ends 2.7% over the
+    # bound, 3,829. Largest fit's repair under 1.01 x it (3,867) fails having spent what it
+    # was given; given all of the refit's 140k visits, it left 2,243, less than FFD under it
+    # costs (9k: VISITS_PER_ITEM a sample and a pass), which packs 288 bins.
+    lengths = lengths_of("truncated", np.random.default_rng(42), 400, 4096).tolist()
+    layout = ParallelLayout(dp=8)
+    step = DynamicBatching(layout, None, 4096).plan(lengths, list(range(400))).steps[0]
+    m = step_metrics(step, lengths, 4096, layout, (1.0, 0.0))
+    assert m["batch/num_microbatches"] == 36 and m["batch/mb_tokens_lb"] == 3829
+    assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
+
+
+def test_a_refit_that_packs_nothing_under_the_tolerance_lowers_the_plan_by_multifit():
+    # 400 truncated samples on dp8 under 4,096 (K = K_lb = 38), one or two a micro-batch:
+    # balancing ends 3.87% over the bound and no start packs under 1.01 x it; FFD under the
+    # least limit MULTIFIT's bisection finds below the plan's top, with what the repairs left,
+    # ends 1.69% over.
+    lengths = lengths_of("truncated", np.random.default_rng(381), 400, 4096).tolist()
+    layout = ParallelLayout(dp=8)
+    step = DynamicBatching(layout, None, 4096).plan(lengths, list(range(400))).steps[0]
+    m = step_metrics(step, lengths, 4096, layout, (1.0, 0.0))
+    assert m["batch/num_microbatches"] == m["batch/num_microbatches_lb"]
+    assert m["batch/mb_tokens_max"] <= 1.02 * m["batch/mb_tokens_lb"]
+
+
 @st.composite
 def crowded_cases(draw: st.DrawFn):
     """Steps of 2-6 samples a bin, where single exchanges stall over the tolerance."""
@@ -809,7 +835,8 @@ def crowded_cases(draw: st.DrawFn):
 
 @PROPERTY
 @given(crowded_cases(), st.integers(0, 200_000))
-def test_a_refit_packs_within_the_tolerance_and_its_budget_or_leaves_the_packing(case, budget):
+def test_a_refit_lowers_the_heaviest_bin_within_its_budget_or_leaves_the_packing(case, budget):
+    # To the tolerance where a start packs under it; else as far as MULTIFIT's bisection goes.
     sizes, bins = case
     packer = BalancedPacker()
     found = BalancedPacker(budget=0, budget_per_sample=0)(sizes, sizes, [bins], 16384, Work(0))
@@ -825,7 +852,6 @@ def test_a_refit_packs_within_the_tolerance_and_its_budget_or_leaves_the_packing
     counts = np.bincount(refit, minlength=bins)
     assert len(counts) == bins and (counts > 0).all()
     top = np.bincount(refit, weights=sizes, minlength=bins).max()
-    assert top <= (1 + packer.tolerance) * max_part_lower_bound(sizes, bins)
     assert top < np.bincount(before, weights=sizes, minlength=bins).max()
 
 

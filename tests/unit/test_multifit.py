@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from slime_hydra.partition import BalancedPacker, Work
 from slime_hydra.partition.base import PASS_OVERHEAD
-from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty
+from slime_hydra.partition.multifit import VISITS_PER_ITEM, ffd_within, fill_empty, multifit
 
 SIZES = np.array([7, 6, 5, 4, 3, 3])
 ONE_PACKING = VISITS_PER_ITEM * SIZES.size + PASS_OVERHEAD
@@ -49,6 +49,33 @@ def test_work_affords_a_pass_only_within_what_is_left_and_charges_nothing():
     assert work.affords(5) and not work.affords(6)
     assert not work.affords(0, passes=2)
     assert work.spent == 5
+
+
+def test_a_part_of_the_work_spends_at_most_its_share_of_what_is_left_and_charges_it_back():
+    work = Work(100, spent=30)
+    with work.part(50) as part:
+        assert (part.budget, part.spent) == (80, 30)
+        part.spent += 20
+    assert work.spent == 50
+    with work.part(1_000) as part:  # no more than is left
+        assert part.budget == 100
+    with work.part(-5) as part:  # a share below nothing is nothing
+        assert part.budget == 50 and not part.left
+    assert work.spent == 50
+
+
+def test_multifit_bisects_to_the_least_limit_first_fit_decreasing_packs_while_work_pays():
+    # 22 tokens in two bins. FFD under 10 needs three; under 13 it packs {6, 5, 2} and
+    # {4, 3, 2}, under 11 {6, 5} and {4, 3, 2, 2}: the bisection of (10, 16) probes 13 and 11.
+    sizes = np.array([6, 5, 4, 3, 2, 2])
+    probe = VISITS_PER_ITEM * 6 + PASS_OVERHEAD
+    work = Work(10**6)
+    assert _loads(multifit(sizes, 2, 10, 16, work), sizes, 2) == [11, 11]
+    assert work.spent == 2 * probe
+    one = Work(probe)  # pays for the first probe only
+    assert _loads(multifit(sizes, 2, 10, 16, one), sizes, 2) == [13, 9]
+    assert multifit(sizes, 2, 10, 16, Work(probe - 1)) is None
+    assert multifit(sizes, 2, 10, 11, Work(10**6)) is None  # no limit between
 
 
 def test_fill_empty_gives_each_empty_bin_one_item_from_a_bin_of_two_or_more():
