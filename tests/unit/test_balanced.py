@@ -30,6 +30,12 @@ def _loads(bin_of: np.ndarray, w: np.ndarray, bins: int) -> list[int]:
     return np.bincount(bin_of, weights=w, minlength=bins).astype(int).tolist()
 
 
+def _planned(lengths: list[int], layout: ParallelLayout, cap: int) -> dict[str, float]:
+    """The `batch/*` metrics of the default dynamic plan of one step, balanced by tokens."""
+    step = DynamicBatching(layout, None, cap).plan(lengths, list(range(len(lengths)))).steps[0]
+    return step_metrics(step, lengths, cap, layout, (1.0, 0.0))
+
+
 def test_construct_deals_rounds_heaviest_to_the_lightest_bin():
     # Round 0: 5 and 4 open the bins; round 1: the first 3 to the 4, the second to the 5;
     # round 2: the 2 to the lighter (7), the 1 to the 8: 9 and 9.
@@ -746,8 +752,7 @@ def test_a_refit_after_a_count_search_that_spent_its_budget_has_a_budget_of_its_
     lengths = lengths_of("truncated", np.random.default_rng([24]), 600, 4096)
     layout = ParallelLayout(dp=3)
     assert microbatch_lower_bound(lengths, 4096, 3, 1) == 57
-    step = DynamicBatching(layout, None, 4096).plan(lengths.tolist(), list(range(600))).steps[0]
-    m = step_metrics(step, lengths.tolist(), 4096, layout, (1.0, 0.0))
+    m = _planned(lengths.tolist(), layout, 4096)
     assert m["batch/num_microbatches"] == 58
     assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
@@ -778,8 +783,7 @@ def test_a_refit_packs_under_first_fit_decreasing_where_the_repairs_miss_the_pai
     # packs 480 bins.
     case = draw_case("1854103313:31", "truncated")
     lengths = case.lengths[648:1296]
-    step = DynamicBatching(case.layout, None, 4096).plan(lengths, list(range(648))).steps[0]
-    m = step_metrics(step, lengths, 4096, case.layout, (1.0, 0.0))
+    m = _planned(lengths, case.layout, 4096)
     assert m["batch/num_microbatches"] == 40
     assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
@@ -791,8 +795,7 @@ def test_a_refit_packs_first_fit_decreasings_cut_where_largest_fits_repair_fails
     # repair; FFD's packing under it, 1,349 bins cut to 1,344, does.
     lengths = lengths_of("grpo", np.random.default_rng([1854103313, 5, 4096]), 4096, 16384)
     layout = ParallelLayout(dp=32)
-    step = DynamicBatching(layout, None, 16384).plan(lengths.tolist(), list(range(4096))).steps[0]
-    m = step_metrics(step, lengths.tolist(), 16384, layout, (1.0, 0.0))
+    m = _planned(lengths.tolist(), layout, 16384)
     assert m["batch/num_microbatches_lb"] == 41 and m["batch/num_microbatches"] == 42
     assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
@@ -803,9 +806,7 @@ def test_a_refits_repairs_leave_first_fit_decreasing_under_the_tolerance_its_pri
     # was given; given all of the refit's 140k visits, it left 2,243, less than FFD under it
     # costs (9k: VISITS_PER_ITEM a sample and a pass), which packs 288 bins.
     lengths = lengths_of("truncated", np.random.default_rng(42), 400, 4096).tolist()
-    layout = ParallelLayout(dp=8)
-    step = DynamicBatching(layout, None, 4096).plan(lengths, list(range(400))).steps[0]
-    m = step_metrics(step, lengths, 4096, layout, (1.0, 0.0))
+    m = _planned(lengths, ParallelLayout(dp=8), 4096)
     assert m["batch/num_microbatches"] == 36 and m["batch/mb_tokens_lb"] == 3829
     assert m["batch/mb_tokens_max"] <= 1.01 * m["batch/mb_tokens_lb"]
 
@@ -816,9 +817,7 @@ def test_a_refit_that_packs_nothing_under_the_tolerance_lowers_the_plan_by_multi
     # least limit MULTIFIT's bisection finds below the plan's top, with what the repairs left,
     # ends 1.69% over.
     lengths = lengths_of("truncated", np.random.default_rng(381), 400, 4096).tolist()
-    layout = ParallelLayout(dp=8)
-    step = DynamicBatching(layout, None, 4096).plan(lengths, list(range(400))).steps[0]
-    m = step_metrics(step, lengths, 4096, layout, (1.0, 0.0))
+    m = _planned(lengths, ParallelLayout(dp=8), 4096)
     assert m["batch/num_microbatches"] == m["batch/num_microbatches_lb"]
     assert m["batch/mb_tokens_max"] <= 1.02 * m["batch/mb_tokens_lb"]
 
