@@ -12,7 +12,9 @@ One algorithm for every step, its work bounded:
    decreasing where the repairs fall short, and where the exchanges stall above the bound by
    tokens, first-fit decreasing under the balancing goal (MULTIFIT's packing), in the same budget;
    where the heaviest still ends over the tolerance, the step packed again under it by the
-   whole-step repair).
+   whole-step repair and first-fit decreasing, and where neither packs under it, first-fit
+   decreasing under the least limit below the plan's heaviest that MULTIFIT's bisection
+   finds).
    Where it cannot fill dp·K micro-batches within the cap, K rises by the VPP alignment: a K
    above K_lb means neither the constructions nor the repairs (of largest fit in rounds and of
    first-fit decreasing's packing cut to dp·K, within the partitioner's
