@@ -52,6 +52,10 @@ from slime_hydra.partition.greedy import first_fit_decreasing
         # part holds 7 + 4 + 3 + 3 = 17. The pairs' F_7 at 16 counts each 7 as 9 and the 4
         # and 3s as their size: 37 > 2 parts × 18.
         ([7, 7, 7, 4, 3, 3, 1], 2, 17),
+        # Mean 67 / 3 -> 23. At T = 24 the 13s are over T/2, one a part, rooms of 11: each
+        # holds one 6 (two would be 12), 18 of the 6s' 24, though the rooms hold 33 in all.
+        # At 25 a room of 12 holds two: {13, 6, 6}, {13, 6}, {13, 6}.
+        ([13, 13, 13, 6, 6, 6, 6], 3, 25),
     ],
 )
 def test_hand_computed_bounds(weights, parts, bound):
