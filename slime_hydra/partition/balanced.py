@@ -211,7 +211,8 @@ class BalancedPacker:
                 bin_of = bin_of if refit is None else refit
             improve(bin_of, sizes, weights, bins, cap, goal, work)
             if tokens and work.budget:  # none where the call asks for no balancing at all
-                bin_of = self._refit(sizes, bin_of, bins, self._repairs(len(sizes)))
+                refits = self._repairs(len(sizes), packings=1)
+                bin_of = self._refit(sizes, bin_of, bins, refits)
         return bins, bin_of
 
     def _grouped(
@@ -299,10 +300,12 @@ class BalancedPacker:
         lower = multifit(sizes, bins, limit, top, work)
         return bin_of if lower is None else lower
 
-    def _repairs(self, n: int) -> Work:
+    def _repairs(self, n: int, packings: int = 0) -> Work:
         """The whole-step repairs' budget for `n` items: the step's `budget` and
-        `repair_budget_per_sample` for each item."""
-        return Work(self.budget + self.repair_budget_per_sample * n)
+        `repair_budget_per_sample` for each item, and the price of `packings` first-fit
+        decreasing packings beside them (the refit's, under T, which its repairs leave)."""
+        packing = VISITS_PER_ITEM * n + PASS_OVERHEAD
+        return Work(self.budget + self.repair_budget_per_sample * n + packings * packing)
 
     def _full(self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int) -> bool:
         """Whether every packing of `bins` bins within `cap` is balanced enough: balancing by

@@ -137,8 +137,8 @@ def max_part_lower_bound(
 def _rarely_binding(items: _Items, parts: int, t: int) -> bool:
     """Whether `items` (all <= t, passing `_passes`) pass the tests that rarely bind: the rooms
     that hold one item of a size (`_rooms_fit`) and both families of dual feasible functions.
-    Tried at the least T the others pass, and bisected only where they fail there (a 16k GRPO step's bound: 2.2-2.5 ms,
-    4.3 with the rooms' test in every probe)."""
+    Tried at the least T the others pass, and bisected only where they fail there (a 16k GRPO
+    step's bound: 2.2-2.5 ms, 4.3 with the rooms' test in every probe)."""
     return (
         _rooms_fit(items, parts, t)
         and _dual_feasible(items, parts, t)
