@@ -245,11 +245,12 @@ class BalancedPacker:
         T; where neither packs, first-fit decreasing under T where it needs no more bins, else
         FFD's packing under T cut to the count and repaired; else, with what the repairs left,
         FFD under the least limit below the plan's top that MULTIFIT's bisection finds; else
-        `bin_of`, unchanged. The repairs leave what FFD under T costs: of 1,200 truncated
-        steps of 400-800 samples on dp8-16 under 4,096 (one or two a micro-batch), 71 ended
-        over 1.01 of their bound, 9 of them because largest fit's repair had left FFD, which
-        packs under T, less than its price; with it paid for, 62, of which the bisection lowered
-        3 (1.0387 -> 1.0169), and none ended higher (docs/planner.md, thirty-first round). FFD
+        `bin_of`, unchanged. `work` pays for FFD under T beside the repairs, which leave it
+        (`_repairs` with one packing): of 1,200 truncated steps of 400-800 samples on dp8-16
+        under 4,096 (one or two a micro-batch), 71 ended over 1.01 of their bound, 9 of them
+        because largest fit's repair had left FFD, which packs under T, less than its price;
+        with it paid for, 62, of which the bisection lowered 3 (1.0387 -> 1.0169), none higher
+        (docs/planner.md, thirty-first round). FFD
         under T packed steps of one or two samples a micro-batch whose pairs the repairs could
         not find (648 truncated samples in 480 micro-batches: 1.0268 -> 1.0099), and its cut,
         a few bins' worth over T, GRPO steps of three where largest fit's repair failed (4,096
