@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,17 +62,36 @@ def _passes(items: _Items, parts: int, t: int) -> bool:
         return False
     if not _few_per_part(items, parts, t):
         return False
-    b = int(np.searchsorted(-2 * values, -t, side="left"))  # sizes with 2w > t
-    if b == values.size:
+    rooms = _Rooms.of(items, parts, t)
+    if rooms.small.size == 0:
         return True
-    nbig = int(items.cum_count[b - 1]) if b else 0
-    rooms = t - values[:b]  # ascending room left beside each big item, one per size
-    held = items.counts[:b] * rooms
-    room_suffix = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
-    demand = cum_total[b:] - (int(cum_total[b - 1]) if b else 0)
-    fits = room_suffix[np.searchsorted(rooms, values[b:], side="left")]
-    supply = (parts - nbig) * t + fits
-    return bool((demand <= supply).all())
+    fits = rooms.suffix[np.searchsorted(rooms.rooms, rooms.small, side="left")]
+    return bool((rooms.demand <= rooms.free + fits).all())
+
+
+class _Rooms(NamedTuple):
+    """At a candidate maximum t: the room beside each size of big item (over t/2, one a part),
+    ascending, how many big items have that size (`counts`) and the rooms of that size or more
+    in all (`suffix`); what the parts with no big item hold (`free`, t each); the small sizes,
+    descending, and the small items' total of each size or more (`demand`)."""
+
+    rooms: np.ndarray
+    counts: np.ndarray
+    suffix: np.ndarray
+    free: int
+    small: np.ndarray
+    demand: np.ndarray
+
+    @classmethod
+    def of(cls, items: _Items, parts: int, t: int) -> _Rooms:
+        values, cum_total = items.values, items.cum_total
+        b = int(np.searchsorted(-2 * values, -t, side="left"))  # sizes with 2w > t
+        rooms = t - values[:b]
+        counts = items.counts[:b]
+        suffix = np.concatenate((np.cumsum((counts * rooms)[::-1])[::-1], [0]))
+        big = int(items.cum_count[b - 1]) if b else 0
+        demand = cum_total[b:] - (int(cum_total[b - 1]) if b else 0)
+        return cls(rooms, counts, suffix, (parts - big) * t, values[b:], demand)
 
 
 def _few_per_part(items: _Items, parts: int, t: int) -> bool:
@@ -123,50 +143,46 @@ def max_part_lower_bound(
     hi = max(lo, reachable if upper is None else int(upper))
     if not _passes(items, parts, hi):  # only if `upper` was not reachable
         hi = max(hi, reachable)
-    lo = _least_passing(lambda t: _passes(items, parts, t), lo, hi, rel_tol)
-    if lo < hi and not _rarely_binding(items, parts, lo):
-        lo = _least_passing(
-            lambda t: _passes(items, parts, t) and _rarely_binding(items, parts, t),
-            lo + 1,
-            hi,
-            rel_tol,
-        )
+
+    def plain(t: int) -> bool:
+        return _passes(items, parts, t)
+
+    def rooms(t: int) -> bool:
+        return plain(t) and _rooms_fit(items, parts, t)
+
+    def dual(t: int) -> bool:
+        return rooms(t) and _dual_fit(items, parts, t)
+
+    # The tests that rarely bind, the cheaper first, are tried at the least T the others
+    # pass and bisected on only where they fail there.
+    lo = _least_passing(plain, lo, hi, rel_tol)
+    if lo < hi and not _rooms_fit(items, parts, lo):
+        lo = _least_passing(rooms, lo + 1, hi, rel_tol)
+    if lo < hi and not _dual_fit(items, parts, lo):
+        lo = _least_passing(dual, lo + 1, hi, rel_tol)
     return lo
 
 
-def _rarely_binding(items: _Items, parts: int, t: int) -> bool:
-    """Whether `items` (all <= t, passing `_passes`) pass the tests that rarely bind: the rooms
-    that hold one item of a size (`_rooms_fit`) and both families of dual feasible functions.
-    Tried at the least T the others pass, and bisected only where they fail there (a 16k GRPO
-    step's bound: 2.2-2.5 ms, 4.3 with the rooms' test in every probe)."""
-    return (
-        _rooms_fit(items, parts, t)
-        and _dual_feasible(items, parts, t)
-        and _pairs_fit(items, parts, t)
-    )
+def _dual_fit(items: _Items, parts: int, t: int) -> bool:
+    """Whether `items` (all <= t) pass both families of dual feasible functions."""
+    return _dual_feasible(items, parts, t) and _pairs_fit(items, parts, t)
 
 
 def _rooms_fit(items: _Items, parts: int, t: int) -> bool:
     """The room test of `_passes` where a room below 2y holds at most the largest small item
     that fits it, not all of it (two of y or more would overflow it): for every small size y,
-    the small items of y or more weigh at most what the free parts (t each), the rooms of 2y
-    or more and, below 2y, the largest small item fitting each room at least y can hold."""
-    values, cum_total = items.values, items.cum_total
-    b = int(np.searchsorted(-2 * values, -t, side="left"))  # sizes with 2w > t
-    if b == values.size or b == 0:  # no small items, or no rooms: `_passes` decides
+    the small items of y or more weigh at most what the free parts, the rooms of 2y or more
+    and, for each room of y to 2y, the largest small item that fits it hold."""
+    r = _Rooms.of(items, parts, t)
+    if r.small.size == 0 or r.rooms.size == 0:  # no small items, or no rooms: `_passes` decides
         return True
-    rooms = t - values[:b]  # ascending, one per big size
-    small = values[b:]  # descending
-    at = np.searchsorted(-small, -rooms, side="left")  # each room's largest small item fitting
-    one = items.counts[:b] * np.where(at < small.size, small[np.minimum(at, small.size - 1)], 0)
+    at = np.searchsorted(-r.small, -r.rooms, side="left")  # each room's largest small item
+    one = r.counts * np.where(at < r.small.size, r.small[np.minimum(at, r.small.size - 1)], 0)
     one_prefix = np.concatenate(([0], np.cumsum(one)))
-    held = items.counts[:b] * rooms
-    room_suffix = np.concatenate((np.cumsum(held[::-1])[::-1], [0]))
-    lo = np.searchsorted(rooms, small, side="left")  # the first room of at least y
-    hi = np.searchsorted(rooms, 2 * small, side="left")  # and of at least 2y
-    free = (parts - int(items.cum_count[b - 1])) * t
-    demand = cum_total[b:] - int(cum_total[b - 1])
-    return bool((demand <= free + room_suffix[hi] + one_prefix[hi] - one_prefix[lo]).all())
+    lo = np.searchsorted(r.rooms, r.small, side="left")  # the first room of at least y
+    hi = np.searchsorted(r.rooms, 2 * r.small, side="left")  # and of at least 2y
+    held = r.free + r.suffix[hi] + one_prefix[hi] - one_prefix[lo]
+    return bool((r.demand <= held).all())
 
 
 def _least_passing(passes: Callable[[int], bool], lo: int, hi: int, rel_tol: float) -> int:
