@@ -15,7 +15,7 @@ from functools import cache
 
 import numpy as np
 
-from slime_hydra.partition.base import PASS_OVERHEAD, Work
+from slime_hydra.partition.base import Work
 from slime_hydra.partition.bounds import max_part_lower_bound
 from slime_hydra.partition.construct import construct, cut_to, fit_rounds
 from slime_hydra.partition.greedy import first_fit_decreasing
@@ -276,9 +276,9 @@ class BalancedPacker:
         # limit < top <= cap: a packing within the limit is within the cap. The repairs leave
         # what FFD under T costs (`work.pay` below): it is always paid for.
         ffd_visits = VISITS_PER_ITEM * len(sizes)
-        reserve = ffd_visits + PASS_OVERHEAD
+        reserve = Work.cost(ffd_visits)
         near = bin_of.copy()
-        near_passes = NEAR_PASSES * (len(sizes) + PASS_OVERHEAD)
+        near_passes = Work.cost(NEAR_PASSES * len(sizes), NEAR_PASSES)
         with work.part(min(near_passes, work.remaining - reserve)) as first:
             if repair(near, sizes, bins, limit, first):
                 return near
@@ -305,7 +305,7 @@ class BalancedPacker:
         """The whole-step repairs' budget for `n` items: the step's `budget` and
         `repair_budget_per_sample` for each item, and the price of `packings` first-fit
         decreasing packings beside them (the refit's, under T, which its repairs leave)."""
-        packing = VISITS_PER_ITEM * n + PASS_OVERHEAD
+        packing = Work.cost(VISITS_PER_ITEM * n)
         return Work(self.budget + self.repair_budget_per_sample * n + packings * packing)
 
     def _full(self, sizes: np.ndarray, weights: np.ndarray, bins: int, cap: int) -> bool:

@@ -29,10 +29,15 @@ class Work:
     budget: int
     spent: int = 0
 
+    @staticmethod
+    def cost(visits: int, passes: int = 1) -> int:
+        """What `passes` passes (numpy passes over a step: PASS_OVERHEAD each) that visit
+        `visits` items in all cost."""
+        return visits + passes * PASS_OVERHEAD
+
     def charge(self, visits: int, passes: int = 1) -> None:
-        """Count `passes` passes (numpy passes over a step: PASS_OVERHEAD each) that visited
-        `visits` items in all."""
-        self.spent += visits + passes * PASS_OVERHEAD
+        """Count `passes` passes that visited `visits` items in all (`cost`)."""
+        self.spent += self.cost(visits, passes)
 
     @property
     def left(self) -> bool:
@@ -55,7 +60,7 @@ class Work:
 
     def affords(self, visits: int, passes: int = 1) -> bool:
         """Whether `passes` passes of `visits` item visits in all fit in what is left."""
-        return self.spent + visits + passes * PASS_OVERHEAD <= self.budget
+        return self.spent + self.cost(visits, passes) <= self.budget
 
     def pay(self, visits: int, passes: int = 1) -> bool:
         """Charge `passes` passes of `visits` item visits in all if they fit in what is left;

@@ -11,8 +11,8 @@ For a candidate maximum T, any partition into `parts` parts of load <= T must sa
 - for every size y, the small items of size >= y fit only into parts whose room left after
   their big item (T, or T - big) is >= y, so their total is at most the sum of those rooms;
   a room below 2y holds one of them at most, so at most the largest small item that fits it
-  (`_rooms_fit`, tried last: 13, 13, 13, 6, 6, 6, 6 in 3 parts at T = 24 leaves three rooms
-  of 11, which hold one 6 each, 18 of the 24; the optimum is 25).
+  (`_rooms_fit`, tried after the tests above: 13, 13, 13, 6, 6, 6, 6 in 3 parts at T = 24
+  leaves three rooms of 11, which hold one 6 each, 18 of the 24; the optimum is 25).
 - Fekete and Schepers' dual feasible functions u_k, k = 2..16 (`_dual_feasible`), and the
   pairs' functions F_s (`_pairs_fit`), tried last too because they rarely bind: they see a spike of
   samples over T/3 whose pairs leave too little room for what is left (truncated reasoning

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from slime_hydra.partition.base import PASS_OVERHEAD, Work
+from slime_hydra.partition.base import Work
 from slime_hydra.partition.deal import ascending, ascending_by, descending, run_starts
 from slime_hydra.partition.exchange import Exchanges, apply_exchanges
 from slime_hydra.partition.greedy import first_fit_decreasing
@@ -110,7 +110,7 @@ def repair(bin_of: np.ndarray, sizes: np.ndarray, bins: int, cap: int, work: Wor
         visits = pass_visits(int(counts[over].sum()), live.size + live_bins.size)
         if not work.pay(visits):
             break
-        was, cost = excess, visits + PASS_OVERHEAD
+        was, cost = excess, Work.cost(visits)
         searched = _Searched.of(live, live_bins, bin_of, sizes) if searched is None else searched
         ex = Exchanges.none(0) if slow else _exchanges(searched, load, counts, over, cap)
         chain = ex.give.size == 0 and excess <= cap  # the last tokens over: see the docstring
